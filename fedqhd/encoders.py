@@ -1,0 +1,123 @@
+"""Hyperdimensional (random Fourier feature) state encoders.
+
+An encoder maps a state ``s`` to ``phi(s) = sqrt(2/D) cos(Omega (s / scale) + b)``
+with ``Omega`` rows drawn from ``N(0, 2 gamma I)`` and ``b ~ U[0, 2 pi]``, so that
+``phi(x) . phi(y)`` approximates the RBF kernel ``exp(-gamma ||x - y||^2)`` on
+scaled states. Q-functions built on it are nonlinear in the state but linear in
+the readout, which is what makes closed-form federated aggregation possible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
+
+#: encoder dimensions cycled over clients in the heterogeneous setting (FedQHD paper)
+HETEROGENEOUS_DIMS: tuple[int, ...] = (500, 1000, 2000, 5000)
+
+
+class HDEncoder(TransformerMixin, BaseEstimator):
+    """Random Fourier feature encoder, a scikit-learn transformer like ``RBFSampler``.
+
+    Parameters
+    ----------
+    n_components : int
+        Feature dimension ``D``.
+    gamma : float
+        RBF bandwidth on scaled states: the kernel is ``exp(-gamma ||x - y||^2)``.
+    scale : array-like of shape (n_features,) or None
+        Per-dimension divisor applied before encoding (per-environment bounds, so
+        scaled states lie roughly in ``[-1, 1]``). ``None`` means no scaling.
+    random_state : int, RandomState or None
+        Seed for ``Omega`` and ``b``; two encoders with the same seed, dimension,
+        bandwidth and input width are identical.
+
+    Attributes
+    ----------
+    omega_ : ndarray of shape (n_features, n_components)
+    offset_ : ndarray of shape (n_components,)
+    scale_ : ndarray of shape (n_features,)
+    n_features_in_ : int
+    """
+
+    def __init__(
+        self,
+        n_components: int = 2000,
+        gamma: float = 1.0,
+        scale: np.ndarray | None = None,
+        random_state: int | np.random.RandomState | None = None,
+    ) -> None:
+        self.n_components = n_components
+        self.gamma = gamma
+        self.scale = scale
+        self.random_state = random_state
+
+    def fit(self, X: np.ndarray, y: None = None) -> HDEncoder:
+        """Draw the random projection; only the width of ``X`` is used."""
+        X = validate_data(self, X, dtype=np.float64)
+        if int(self.n_components) < 1:
+            raise ValueError(f"n_components must be >= 1, got {self.n_components}")
+        if not self.gamma > 0:
+            raise ValueError(f"gamma must be > 0, got {self.gamma}")
+        d = X.shape[1]
+        if self.scale is None:
+            scale = np.ones(d)
+        else:
+            scale = np.asarray(self.scale, dtype=np.float64).reshape(-1)
+            if scale.shape != (d,) or not np.all(scale > 0):
+                raise ValueError(f"scale must be {d} positive numbers, got {self.scale!r}")
+        rng = check_random_state(self.random_state)
+        self.omega_ = rng.normal(0.0, np.sqrt(2.0 * self.gamma), size=(d, int(self.n_components)))
+        self.offset_ = rng.uniform(0.0, 2.0 * np.pi, size=int(self.n_components))
+        self.scale_ = scale
+        return self
+
+    def transform(self, X: np.ndarray) -> np.ndarray:
+        """Encode states: rows of ``X`` -> rows of features, shape (n, D)."""
+        check_is_fitted(self)
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        proj = (X / self.scale_) @ self.omega_
+        proj += self.offset_
+        np.cos(proj, out=proj)
+        proj *= np.sqrt(2.0 / self.omega_.shape[1])
+        return proj
+
+
+@dataclass(frozen=True)
+class EncoderParams:
+    """What defines one client's encoder: enough to rebuild it anywhere."""
+
+    n_components: int
+    gamma: float
+    seed: int
+
+    def build(self, scale: np.ndarray) -> HDEncoder:
+        """Fit an encoder for states of width ``len(scale)``."""
+        enc = HDEncoder(self.n_components, self.gamma, scale=scale, random_state=self.seed)
+        return enc.fit(np.zeros((1, len(scale))))
+
+
+def shared_encoder_params(seed: int, n_components: int, gamma: float) -> EncoderParams:
+    """The one encoder every client (and the server) uses in the shared setting."""
+    return EncoderParams(n_components, gamma, _mix(seed, -1))
+
+
+def heterogeneous_encoder_params(
+    seed: int,
+    partition_id: int,
+    base_gamma: float,
+    dims: tuple[int, ...] = HETEROGENEOUS_DIMS,
+) -> EncoderParams:
+    """Client ``partition_id``'s own encoder: its own seed, ``D_i`` cycled from ``dims``
+    and ``gamma_i = base_gamma * U(0.5, 1.5)`` (the FedQHD paper's protocol)."""
+    enc_seed = _mix(seed, partition_id)
+    gamma = base_gamma * np.random.default_rng(enc_seed).uniform(0.5, 1.5)
+    return EncoderParams(dims[partition_id % len(dims)], float(gamma), enc_seed)
+
+
+def _mix(seed: int, stream: int) -> int:
+    """A 32-bit seed derived from (run seed, stream) so streams do not collide."""
+    return int(np.random.SeedSequence([seed, stream + 1, 0xE4C]).generate_state(1)[0])

@@ -1,0 +1,51 @@
+import numpy as np
+import pytest
+
+from fedqhd.encoders import (
+    HETEROGENEOUS_DIMS,
+    HDEncoder,
+    heterogeneous_encoder_params,
+    shared_encoder_params,
+)
+
+SCALE = np.array([2.4, 3.0, 0.5, 3.5])
+
+
+def test_same_seed_same_features_and_different_seed_differs():
+    X = np.random.default_rng(0).normal(size=(50, 4))
+    a = HDEncoder(300, 1.0, SCALE, random_state=7).fit(X).transform(X)
+    b = HDEncoder(300, 1.0, SCALE, random_state=7).fit(X[:1]).transform(X)
+    c = HDEncoder(300, 1.0, SCALE, random_state=8).fit(X).transform(X)
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(a - c).max() > 0.1
+
+
+def test_inner_products_approximate_rbf_kernel():
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-1, 1, size=(40, 4)) * SCALE
+    enc = HDEncoder(20000, 0.7, SCALE, random_state=0).fit(X)
+    phi = enc.transform(X)
+    Z = X / SCALE
+    kernel = np.exp(-0.7 * ((Z[:, None, :] - Z[None, :, :]) ** 2).sum(-1))
+    assert np.abs(phi @ phi.T - kernel).max() < 0.05
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="scale"):
+        HDEncoder(10, 1.0, scale=np.array([1.0, -1.0]), random_state=0).fit(np.zeros((1, 2)))
+    with pytest.raises(ValueError, match="gamma"):
+        HDEncoder(10, 0.0, random_state=0).fit(np.zeros((1, 2)))
+    enc = HDEncoder(10, 1.0, random_state=0).fit(np.zeros((1, 3)))
+    with pytest.raises(ValueError):
+        enc.transform(np.zeros((2, 4)))
+
+
+def test_heterogeneous_params_follow_the_paper_protocol():
+    params = [heterogeneous_encoder_params(3, i, 1.0) for i in range(8)]
+    assert [p.n_components for p in params] == list(HETEROGENEOUS_DIMS) * 2
+    assert all(0.5 <= p.gamma <= 1.5 for p in params)
+    assert len({p.seed for p in params}) == 8
+    assert params[2] == heterogeneous_encoder_params(3, 2, 1.0)
+    shared = shared_encoder_params(3, 100, 1.0)
+    assert shared == shared_encoder_params(3, 100, 1.0)
+    np.testing.assert_array_equal(shared.build(SCALE).omega_, shared.build(SCALE).omega_)
