@@ -1,0 +1,85 @@
+"""FedQHDAnchor: anchor-set teacher compilation for clients with their own encoders."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO
+
+import numpy as np
+from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.common.logger import log
+
+from . import contract as C
+from .base import FunctionSpaceStrategy
+from .screening import screen_replies
+
+
+class FedQHDAnchor(FunctionSpaceStrategy):
+    """Aggregate in function space on a fixed anchor set when encoders differ.
+
+    Each client replies with its Q-values on the ``m`` anchor states
+    (``Q_i(anchors) = X_i W_i``, shape (m, |A|)); the server forms the teacher
+    ``T = sum_i pi_i Q_i(anchors)`` and sends it back with the anchors; each
+    client compiles it into its own features with one ridge projection
+    ``W_i = argmin ||X_i W - T||^2 + lam ||W||^2`` and learns on from there.
+
+    Parameters
+    ----------
+    anchors : ndarray of shape (m, obs_dim)
+        The anchor states, fixed for the whole run.
+    n_actions : int
+        Number of discrete actions ``|A|``.
+    weighting : {"transitions", "uniform"}
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
+    min_available_nodes
+        As in Flower's ``FedAvg``.
+
+    Notes
+    -----
+    Message contract: the global ``ArrayRecord`` ``"arrays"`` holds ``"anchors"``
+    (m, obs_dim) and, after the first round, ``"teacher"`` (m, |A|). A train reply
+    holds ``"arrays"`` with ``"q-anchors"`` (m, |A|) and ``"metrics"`` with
+    ``"num-transitions"`` > 0 and optionally ``"projection-residual"``.
+    """
+
+    def __init__(self, anchors: np.ndarray, n_actions: int, weighting: str = "transitions",
+                 fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
+                 min_train_nodes: int = 2, min_evaluate_nodes: int = 2,
+                 min_available_nodes: int = 2) -> None:
+        super().__init__(weighting, fraction_train, fraction_evaluate, min_train_nodes,
+                         min_evaluate_nodes, min_available_nodes)
+        anchors = np.asarray(anchors, dtype=np.float64)
+        if anchors.ndim != 2 or len(anchors) == 0 or not np.all(np.isfinite(anchors)):
+            raise ValueError("anchors must be a non-empty finite 2-D array (m, obs_dim), "
+                             f"got shape {anchors.shape}")
+        if int(n_actions) < 1:
+            raise ValueError(f"n_actions must be >= 1, got {n_actions}")
+        self.anchors = anchors
+        self.n_actions = int(n_actions)
+
+    def initial_arrays(self) -> ArrayRecord:
+        """The global record of round 1: anchors, no teacher yet."""
+        return C.to_array_record({C.ANCHORS: self.anchors})
+
+    def summary(self) -> None:
+        super().summary()
+        log(INFO, "\t└──> Anchors: %d states of dimension %d", *self.anchors.shape)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        screened = screen_replies(replies, C.Q_ANCHORS, (len(self.anchors), self.n_actions),
+                                  self.weighting == "uniform",
+                                  f"FedQHDAnchor round {server_round}")
+        for msg in replies:
+            if not msg.has_error() and C.METRICS in msg.content:
+                residual = msg.content[C.METRICS].get(C.PROJECTION_RESIDUAL)
+                if residual is not None:
+                    log(INFO, "FedQHDAnchor round %d: node %s projection residual %.4g",
+                        server_round, msg.metadata.src_node_id, residual)
+        if not screened.arrays:
+            return None, screened.round_metrics()
+        teacher = screened.weighted_mean()
+        record = C.to_array_record({C.ANCHORS: self.anchors, C.TEACHER: teacher})
+        return record, screened.round_metrics()

@@ -1,0 +1,63 @@
+"""FedQHDAvg: weighted readout averaging for clients that share one encoder."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+
+from . import contract as C
+from .base import FunctionSpaceStrategy
+from .screening import screen_replies
+
+
+class FedQHDAvg(FunctionSpaceStrategy):
+    """Average client readouts ``W_global = sum_i pi_i W_i`` for a shared encoder.
+
+    With one common feature map ``phi``, ``Q(s, .) = phi(s) W`` is linear in
+    ``W``, so averaging readouts equals averaging the client Q-functions at
+    every state: parameter and function-space averaging coincide.
+
+    Parameters
+    ----------
+    weighting : {"transitions", "uniform"}
+        ``pi_i`` proportional to the client's ``num-transitions`` (default) or equal.
+    fraction_train, fraction_evaluate : float
+        Fractions of connected nodes sampled for training / federated evaluation.
+    min_train_nodes, min_evaluate_nodes, min_available_nodes : int
+        As in Flower's ``FedAvg``.
+
+    Notes
+    -----
+    Message contract: the global ``ArrayRecord`` ``"arrays"`` holds ``"readout"``
+    (D, |A|). A train reply must hold ``"arrays"`` with ``"readout"`` of the same
+    shape and a ``MetricRecord`` ``"metrics"`` with ``"num-transitions"`` > 0.
+    Replies with an error, another shape or non-finite values are left out and
+    counted (``replies-failed``, ``replies-rejected``) in the round's metrics.
+    """
+
+    def __init__(self, weighting: str = "transitions", fraction_train: float = 1.0,
+                 fraction_evaluate: float = 0.0, min_train_nodes: int = 2,
+                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2) -> None:
+        super().__init__(weighting, fraction_train, fraction_evaluate, min_train_nodes,
+                         min_evaluate_nodes, min_available_nodes)
+        self._readout_shape: tuple[int, ...] | None = None
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if C.READOUT not in arrays:
+            raise ValueError(f"FedQHDAvg needs the global '{C.READOUT}' array in its "
+                             f"ArrayRecord; got keys {list(arrays.keys())}")
+        self._readout_shape = tuple(arrays[C.READOUT].shape)
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        screened = screen_replies(replies, C.READOUT, self._readout_shape,
+                                  self.weighting == "uniform", f"FedQHDAvg round {server_round}")
+        if not screened.arrays:
+            return None, screened.round_metrics()
+        return C.to_array_record({C.READOUT: screened.weighted_mean()}), screened.round_metrics()

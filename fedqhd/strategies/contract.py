@@ -1,0 +1,44 @@
+"""The message contract between fedqhd strategies and ClientApps, in one place.
+
+Every record name and key used on the wire is a named constant here, used by
+both sides. The README's "Message contract" section documents the same table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+# record names inside a Message's RecordDict
+ARRAYS = "arrays"    #: ArrayRecord: the global model (server -> client) or a reply's arrays
+CONFIG = "config"    #: ConfigRecord: per-round settings sent to clients
+METRICS = "metrics"  #: MetricRecord: a reply's numbers
+
+# array keys
+READOUT = "readout"      #: (D, |A|) readout of a shared encoder (FedQHDAvg, both directions)
+ANCHORS = "anchors"      #: (m, obs_dim) anchor states fixed by the server (FedQHDAnchor)
+TEACHER = "teacher"      #: (m, |A|) weighted mean of client Q-values on the anchors
+Q_ANCHORS = "q-anchors"  #: (m, |A|) one client's Q-values on the anchors (reply)
+
+# config keys (server -> client)
+SERVER_ROUND = "server-round"
+
+# metric keys
+NUM_TRANSITIONS = "num-transitions"          #: reply: transitions in the client's shard (> 0)
+BELLMAN_RESIDUAL = "bellman-residual"        #: reply: RMS Bellman residual after local FQI
+PROJECTION_RESIDUAL = "projection-residual"  #: reply: ||X_i W_i - T||_F of the compilation
+RETURN_MEAN = "return-mean"                  #: evaluate reply: mean greedy return
+RETURN_STD = "return-std"                    #: evaluate reply: std of greedy return
+REPLIES_OK = "replies-ok"                    #: round metric: replies aggregated
+REPLIES_FAILED = "replies-failed"            #: round metric: replies carrying an error
+REPLIES_REJECTED = "replies-rejected"        #: round metric: malformed replies left out
+
+
+def to_array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    """Wrap named numpy arrays (``ArrayRecord({"k": ndarray})`` raises in flwr 1.42)."""
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def from_array_record(record: ArrayRecord) -> dict[str, np.ndarray]:
+    """Unwrap an ArrayRecord into named numpy arrays."""
+    return {k: record[k].numpy() for k in record.keys()}

@@ -1,0 +1,179 @@
+"""The strategies on mock replies (good and bad) and driven by a minimal ClientApp.
+
+No gymnasium and no fedqhd.client here: a strategy only knows the message contract.
+"""
+
+import time
+
+import numpy as np
+import pytest
+from flwr.app import Error, Message, Metadata, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from loopback_grid import LoopbackGrid
+
+from fedqhd.encoders import HDEncoder
+from fedqhd.readout import ridge_project
+from fedqhd.strategies import FedQHDAnchor, FedQHDAvg
+from fedqhd.strategies import contract as C
+
+
+def _reply(node: int, arrays: dict | None = None, metrics: dict | None = None,
+           error: str | None = None) -> Message:
+    meta = Metadata(run_id=1, message_id=f"r{node}", src_node_id=node, dst_node_id=0,
+                    reply_to_message_id="q", group_id="1", created_at=time.time(), ttl=60,
+                    message_type="train")
+    if error is not None:
+        return Message(metadata=meta, error=Error(code=0, reason=error))
+    content = RecordDict()
+    if arrays is not None:
+        content[C.ARRAYS] = C.to_array_record(arrays)
+    if metrics is not None:
+        content[C.METRICS] = MetricRecord(metrics)
+    return Message(metadata=meta, content=content)
+
+
+def _avg_with_shape(shape):
+    strategy = FedQHDAvg()
+    strategy._readout_shape = shape  # as configure_train would set from the global readout
+    return strategy
+
+
+def test_readout_average_equals_average_of_client_q_functions():
+    rng = np.random.default_rng(0)
+    enc = HDEncoder(300, 1.0, random_state=1).fit(np.zeros((1, 4)))
+    readouts = [rng.normal(size=(300, 2)) for _ in range(3)]
+    counts = [10, 30, 60]
+    replies = [_reply(i, {C.READOUT: W}, {C.NUM_TRANSITIONS: n})
+               for i, (W, n) in enumerate(zip(readouts, counts, strict=True))]
+    arrays, metrics = _avg_with_shape((300, 2)).aggregate_train(1, replies)
+    states = rng.normal(size=(200, 4))
+    phi = enc.transform(states)
+    q_mean = sum(n * (phi @ W) for W, n in zip(readouts, counts, strict=True)) / sum(counts)
+    np.testing.assert_allclose(phi @ arrays[C.READOUT].numpy(), q_mean, atol=1e-10)
+    assert metrics[C.REPLIES_OK] == 3 and metrics[C.NUM_TRANSITIONS] == 100
+
+
+def test_uniform_weighting_on_request():
+    replies = [_reply(0, {C.READOUT: np.zeros((2, 1))}, {C.NUM_TRANSITIONS: 1}),
+               _reply(1, {C.READOUT: np.ones((2, 1))}, {C.NUM_TRANSITIONS: 99})]
+    s = FedQHDAvg(weighting="uniform")
+    s._readout_shape = (2, 1)
+    arrays, _ = s.aggregate_train(1, replies)
+    np.testing.assert_allclose(arrays[C.READOUT].numpy(), 0.5)
+    with pytest.raises(ValueError, match="weighting"):
+        FedQHDAvg(weighting="by-vibes")
+
+
+def test_bad_replies_are_left_out_and_counted(caplog):
+    good = np.full((3, 2), 2.0)
+    nan = good.copy()
+    nan[0, 0] = np.nan
+    replies = [
+        _reply(1, {C.READOUT: good}, {C.NUM_TRANSITIONS: 5}),
+        _reply(2, error="client crashed"),
+        _reply(3, {C.READOUT: np.zeros((4, 2))}, {C.NUM_TRANSITIONS: 5}),   # wrong shape
+        _reply(4, {C.READOUT: nan}, {C.NUM_TRANSITIONS: 5}),                # non-finite
+        _reply(5, {C.READOUT: good * 0}, {C.NUM_TRANSITIONS: 0}),           # no data
+        _reply(6, {"something-else": good}, {C.NUM_TRANSITIONS: 5}),        # wrong key
+        _reply(7, {C.READOUT: good * 0}),                                   # no metrics
+    ]
+    arrays, metrics = _avg_with_shape((3, 2)).aggregate_train(3, replies)
+    np.testing.assert_array_equal(arrays[C.READOUT].numpy(), good)
+    assert (metrics[C.REPLIES_OK], metrics[C.REPLIES_FAILED], metrics[C.REPLIES_REJECTED]) == (
+        1, 1, 5)
+    assert "shape (4, 2), expected (3, 2)" in caplog.text
+    assert "client crashed" in caplog.text
+
+
+def test_all_replies_bad_keeps_the_previous_model():
+    arrays, metrics = _avg_with_shape((3, 2)).aggregate_train(1, [_reply(1, error="boom")])
+    assert arrays is None and metrics[C.REPLIES_FAILED] == 1
+
+
+def test_anchor_teacher_is_weighted_mean_and_bad_shapes_are_rejected():
+    anchors = np.zeros((5, 3))
+    s = FedQHDAnchor(anchors, n_actions=2)
+    q1, q2 = np.ones((5, 2)), 4 * np.ones((5, 2))
+    replies = [_reply(1, {C.Q_ANCHORS: q1}, {C.NUM_TRANSITIONS: 3, C.PROJECTION_RESIDUAL: 0.1}),
+               _reply(2, {C.Q_ANCHORS: q2}, {C.NUM_TRANSITIONS: 1, C.PROJECTION_RESIDUAL: 0.3}),
+               _reply(3, {C.Q_ANCHORS: np.ones((4, 2))}, {C.NUM_TRANSITIONS: 1})]
+    arrays, metrics = s.aggregate_train(1, replies)
+    np.testing.assert_allclose(arrays[C.TEACHER].numpy(), 1.75)
+    np.testing.assert_array_equal(arrays[C.ANCHORS].numpy(), anchors)
+    assert metrics[C.PROJECTION_RESIDUAL] == pytest.approx(0.15)
+    assert metrics[C.REPLIES_REJECTED] == 1
+    with pytest.raises(ValueError, match="anchors"):
+        FedQHDAnchor(np.zeros((0, 3)), 2)
+
+
+# ---------- driven end to end by a minimal ClientApp written here ----------
+
+def _linear_client_app(dims: list[int], n_actions: int = 2) -> ClientApp:
+    """Each client fits a fixed target Q*(s) = s @ B with its own RFF encoder, mixing in
+    whatever the server sends: readout (shared) or compiled teacher (heterogeneous)."""
+    app = ClientApp()
+    target = np.array([[1.0, -1.0], [0.5, 0.0], [0.0, 2.0]])
+
+    def encoder(pid: int) -> HDEncoder:
+        return HDEncoder(dims[pid], 0.5, random_state=pid if len(set(dims)) > 1 else 0).fit(
+            np.zeros((1, 3)))
+
+    @app.train()
+    def train(msg: Message, context) -> Message:
+        pid = context.node_config["partition-id"]
+        arrays = C.from_array_record(msg.content[C.ARRAYS])
+        rng = np.random.default_rng(pid)
+        states = rng.uniform(-1, 1, size=(50 + 50 * pid, 3))
+        enc = encoder(pid)
+        local, _ = ridge_project(enc.transform(states), states @ target, 1e-3)
+        metrics = {C.NUM_TRANSITIONS: len(states)}
+        if C.READOUT in arrays:
+            out = {C.READOUT: local}
+        else:
+            X = enc.transform(arrays[C.ANCHORS])
+            if C.TEACHER in arrays:
+                compiled, metrics[C.PROJECTION_RESIDUAL] = ridge_project(
+                    X, arrays[C.TEACHER], 1e-3)
+                local = 0.5 * (local + compiled)
+            out = {C.Q_ANCHORS: X @ local}
+        return Message(RecordDict({C.ARRAYS: C.to_array_record(out),
+                                   C.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context) -> Message:
+        pid = context.node_config["partition-id"]
+        arrays = C.from_array_record(msg.content[C.ARRAYS])
+        X = encoder(pid).transform(arrays[C.ANCHORS])
+        W, _ = ridge_project(X, arrays[C.TEACHER], 1e-3)
+        err = float(np.sqrt(np.mean((X @ W - arrays[C.ANCHORS] @ target) ** 2)))
+        return Message(RecordDict({C.METRICS: MetricRecord(
+            {C.NUM_TRANSITIONS: 1, "anchor-rmse": err})}), reply_to=msg)
+
+    return app
+
+
+def test_fedqhd_avg_with_a_minimal_client_app():
+    grid = LoopbackGrid([_linear_client_app([200, 200, 200])] * 3)
+    strategy = FedQHDAvg(min_available_nodes=3)
+    result = strategy.start(grid, C.to_array_record({C.READOUT: np.zeros((200, 2))}),
+                            num_rounds=2)
+    W = result.arrays[C.READOUT].numpy()
+    states = np.random.default_rng(9).uniform(-1, 1, size=(100, 3))
+    enc = HDEncoder(200, 0.5, random_state=0).fit(np.zeros((1, 3)))
+    q = enc.transform(states) @ W
+    truth = states @ np.array([[1.0, -1.0], [0.5, 0.0], [0.0, 2.0]])
+    assert np.sqrt(np.mean((q - truth) ** 2)) < 0.1
+    assert result.train_metrics_clientapp[2][C.REPLIES_OK] == 3
+
+
+def test_fedqhd_anchor_with_a_minimal_client_app():
+    app = _linear_client_app([100, 200, 400])
+    grid = LoopbackGrid([app] * 3)
+    anchors = np.random.default_rng(5).uniform(-1, 1, size=(300, 3))
+    strategy = FedQHDAnchor(anchors, n_actions=2, min_available_nodes=3, min_evaluate_nodes=3)
+    result = strategy.start(grid, strategy.initial_arrays(), num_rounds=3)
+    teacher = result.arrays[C.TEACHER].numpy()
+    truth = anchors @ np.array([[1.0, -1.0], [0.5, 0.0], [0.0, 2.0]])
+    assert np.sqrt(np.mean((teacher - truth) ** 2)) < 0.1
+    assert result.evaluate_metrics_clientapp[3]["anchor-rmse"] < 0.1
+    assert result.train_metrics_clientapp[3][C.PROJECTION_RESIDUAL] > 0
