@@ -1,0 +1,29 @@
+"""Differential-privacy primitives that know nothing of RL.
+
+* :mod:`.noise` -- noise sources behind one interface: :class:`NumpyNoise`
+  (seeded, reproducible, **not secure**) and :class:`OpenDPNoise` (OpenDP's
+  discrete Gaussian on integers, cryptographically secure sampling).
+* :mod:`.mechanisms` -- the Gaussian mechanism calibrated for rho-zCDP from an
+  L2 sensitivity, and :func:`release_counts` for families of visit counts.
+* :mod:`.ledger` -- a per-client :class:`PrivacyLedger`: composed rho,
+  (epsilon, delta) by the CKS conversion and by the exact analytic Gaussian,
+  refusal of releases beyond the budget, JSON round trip.
+"""
+
+from fedqhd.privacy.ledger import BudgetExceededError, PrivacyLedger, epsilon_cks, epsilon_exact
+from fedqhd.privacy.mechanisms import GaussianMechanism, gaussian_sigma, release_counts
+from fedqhd.privacy.noise import NoiseSource, NumpyNoise, OpenDPNoise, make_noise_source
+
+__all__ = [
+    "BudgetExceededError",
+    "GaussianMechanism",
+    "NoiseSource",
+    "NumpyNoise",
+    "OpenDPNoise",
+    "PrivacyLedger",
+    "epsilon_cks",
+    "epsilon_exact",
+    "gaussian_sigma",
+    "make_noise_source",
+    "release_counts",
+]
