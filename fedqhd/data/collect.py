@@ -1,0 +1,114 @@
+"""Behaviour data: epsilon-mixes of the heuristic controller and uniform random actions.
+
+An epsilon near 1 gives mostly random, poorly performing trajectories (the
+hard offline setting of the benchmark); epsilon 0 replays the heuristic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedqhd.data.shard import FORMAT_VERSION, Shard
+from fedqhd.envs import episode_seeds, get_spec, heuristic_action, iter_episode, make_env
+from fedqhd.envs.classic import validate_dynamics
+
+__all__ = ["BEHAVIOUR_KIND", "collect_shard"]
+
+#: ``metadata["behaviour"]["kind"]`` of shards written by :func:`collect_shard`
+BEHAVIOUR_KIND = "epsilon-heuristic"
+
+
+def collect_shard(
+    env_id: str,
+    n_episodes: int,
+    epsilon: float,
+    seed: int,
+    dynamics: dict[str, float] | None = None,
+    metadata_extra: dict[str, Any] | None = None,
+) -> Shard:
+    """Roll out the epsilon-heuristic behaviour policy and record every transition.
+
+    At each step the behaviour takes a uniformly random action with probability
+    ``epsilon`` and the heuristic controller's action otherwise.
+
+    Parameters
+    ----------
+    env_id : str
+        One of :data:`fedqhd.envs.ENV_IDS`.
+    n_episodes : int
+        Number of complete episodes (>= 1).
+    epsilon : float
+        Probability of a random action, in ``[0, 1]``.
+    seed : int
+        Determines initial states (via :func:`fedqhd.envs.episode_seeds`) and the
+        behaviour's coin flips: the same arguments give identical shards.
+    dynamics : dict[str, float] or None
+        Physical parameters (see :func:`fedqhd.envs.make_env`).
+    metadata_extra : dict or None
+        JSON-serialisable keys added to the metadata (e.g. partition info); may
+        not override the keys set here.
+
+    Returns
+    -------
+    Shard
+        With metadata ``format_version``, ``env_id``, ``behaviour``, ``seed``,
+        ``dynamics`` (complete, defaults filled in) and ``n_episodes``.
+    """
+    spec = get_spec(env_id)
+    if int(n_episodes) != n_episodes or n_episodes < 1:
+        raise ValueError(f"n_episodes must be a positive integer, got {n_episodes!r}")
+    if not 0.0 <= float(epsilon) <= 1.0:
+        raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
+    params = validate_dynamics(env_id, dynamics)
+    metadata: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "env_id": env_id,
+        "behaviour": {"kind": BEHAVIOUR_KIND, "epsilon": float(epsilon)},
+        "seed": int(seed),
+        "dynamics": params,
+        "n_episodes": int(n_episodes),
+    }
+    clash = sorted(set(metadata) & set(metadata_extra or {}))
+    if clash:
+        raise ValueError(f"metadata_extra may not override {', '.join(clash)}")
+    metadata.update(metadata_extra or {})
+
+    # a stream for the behaviour's coin flips, independent of the reset seeds
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xBE4A]))
+
+    def behaviour(obs: np.ndarray) -> int:
+        if rng.random() < epsilon:
+            return int(rng.integers(spec.n_actions))
+        return heuristic_action(env_id, obs)
+
+    rows: list[tuple] = []
+    env = make_env(env_id, params)
+    try:
+        for episode, reset_seed in enumerate(episode_seeds(seed, n_episodes)):
+            rows.extend(
+                (
+                    t.observation,
+                    t.action,
+                    t.reward,
+                    t.next_observation,
+                    t.terminated,
+                    t.truncated,
+                    episode,
+                )
+                for t in iter_episode(env, behaviour, reset_seed)
+            )
+    finally:
+        env.close()
+    obs, act, rew, next_obs, term, trunc, ep = zip(*rows, strict=True)
+    return Shard(
+        observations=np.asarray(obs, dtype=np.float32).reshape(-1, spec.obs_dim),
+        actions=np.asarray(act, dtype=np.int64),
+        rewards=np.asarray(rew, dtype=np.float32),
+        next_observations=np.asarray(next_obs, dtype=np.float32).reshape(-1, spec.obs_dim),
+        terminated=np.asarray(term, dtype=bool),
+        truncated=np.asarray(trunc, dtype=bool),
+        episode_ids=np.asarray(ep, dtype=np.int64),
+        metadata=metadata,
+    )
