@@ -1,0 +1,157 @@
+"""The POOL learner: pessimistic value iteration on privatised zone counts.
+
+Backward over h = H..1, from a :class:`~fedqhd.pool.counts.NoisyCounts`:
+
+1. project the noisy counts for consistency (:func:`project_counts`);
+2. private kernel ``P(c | m) = x / sum x`` if ``sum x > E_rho`` else uniform;
+3. at each base point b_j of each zone,
+   ``Qtilde = sum_c P(c|m) (r_h(b_j, s'_c) + V_{h+1}(s'_c))`` with the known
+   reward scaled to [0, 1] and ``s'_c`` the cell representatives;
+4. ``Qbar = min(Qtilde - Gamma, H - h + 1)^+`` with
+   ``Gamma = c1 sqrt(Var_P(V_{h+1}) iota / (n - E)) + c2 S H E iota / n`` if
+   ``n > E``, else ``Gamma = c_fallback * H`` (the zone is unknown);
+5. Q between base points by the zone interpolator; ``V_h(s) = max_a Q_h(s, a)``
+   over a fixed candidate action set.
+
+The theory's constants (c1 = sqrt 2, c2 = 16) make Gamma dominate every
+Q-value at realistic sample sizes, so the defaults here are smaller and
+exposed; ``E_rho`` follows the paper's Theorem 2 unless ``threshold`` is set.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from fedqhd.pool.counts import NoisyCounts
+from fedqhd.pool.projection import project_counts
+
+RewardFn = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
+
+
+def e_rho(horizon: int, n_zones: int, n_dims: int, w: int, rho: float, delta: float) -> float:
+    """E_rho of the paper's Theorem 2: 4 sqrt(H log(4 H M^2 (w+d) w / delta) / rho)."""
+    if not math.isfinite(rho):
+        return 0.0
+    return 4.0 * math.sqrt(horizon * math.log(4 * horizon * n_zones**2 * n_dims * w / delta) / rho)
+
+
+def candidate_actions(d: int, per_axis: int = 11, n_random: int = 128,
+                      random_state: int | None = 0) -> np.ndarray:
+    """Actions searched by ``max_a``: a lattice for d <= 2, else random points plus the diagonal."""
+    if d <= 2:
+        g = np.linspace(0.0, 1.0, per_axis)
+        return np.stack(np.meshgrid(*([g] * d), indexing="ij"), -1).reshape(-1, d)
+    rng = np.random.default_rng(random_state)
+    diag = np.repeat(np.linspace(0.0, 1.0, per_axis)[:, None], d, axis=1)
+    return np.concatenate([diag, rng.random((n_random, d))])
+
+
+class PoolLearner:
+    """POOL (Private Offline One-sided-feedback Learner) on released counts.
+
+    Parameters
+    ----------
+    reward_fn : callable (h, b (..., w+d), s_next (..., w)) -> (...)
+        The known reward (paper's assumption), e.g. ``InventoryModel.known_reward``.
+    reward_bounds : callable h -> (lo, hi)
+        Range of ``reward_fn`` at stage h, used to scale rewards to [0, 1].
+    action_dim : int
+    c1, c2, c_fallback : float
+        Pessimism constants of Gamma (see module docstring).
+    delta : float
+        Failure probability in E_rho and iota.
+    threshold : float or None
+        Override of E_rho (None: the paper's formula; 0: no threshold).
+    actions : ndarray (K, d) or None
+        Candidate actions for ``max_a``; default :func:`candidate_actions`.
+    random_state : int or None
+        Seeds the candidate actions when d > 2.
+
+    Attributes
+    ----------
+    e_rho_ : float
+    coef_ : list of dict
+        Per-stage interpolation coefficients.
+    qbar_ : list of ndarray (Z, P)
+        Pessimistic Q at the base points.
+    v_cells_ : ndarray (H + 1, C)
+        Value at next-state cell representatives.
+    """
+
+    def __init__(self, reward_fn: RewardFn, reward_bounds: Callable[[int], tuple[float, float]],
+                 action_dim: int, c1: float = 0.05, c2: float = 0.0, c_fallback: float = 1.0,
+                 delta: float = 1e-5, threshold: float | None = None,
+                 actions: np.ndarray | None = None, random_state: int | None = 0) -> None:
+        self.reward_fn = reward_fn
+        self.reward_bounds = reward_bounds
+        self.action_dim = action_dim
+        self.c1, self.c2, self.c_fallback = c1, c2, c_fallback
+        self.delta = delta
+        self.threshold = threshold
+        self.actions = actions
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, counts: NoisyCounts) -> PoolLearner:
+        """Learn from released counts (post-processing only; raw data is never seen)."""
+        if not isinstance(counts, NoisyCounts):
+            raise TypeError("PoolLearner.fit takes a NoisyCounts release, not raw data")
+        H, Z, C = counts.n_sas.shape
+        self.zones_, self.cells_ = counts.zones, counts.cells
+        w = self.cells_.w
+        n_dims = w + self.action_dim
+        self.e_rho_ = (self.threshold if self.threshold is not None
+                       else e_rho(H, Z, n_dims, w, counts.rho, self.delta))
+        self.actions_ = (self.actions if self.actions is not None
+                         else candidate_actions(self.action_dim, random_state=self.random_state))
+        iota = math.log(H * C * Z / self.delta)
+        reps = self.cells_.representatives()  # (C, w)
+        self.horizon_ = H
+        self.coef_: list = [None] * H
+        self.qbar_: list = [None] * H
+        self.v_cells_ = np.zeros((H + 1, C))
+        for h in reversed(range(H)):
+            x = project_counts(counts.n_sas[h], counts.n_sa[h], self.e_rho_)
+            n_t = x.sum(-1)
+            known = n_t > self.e_rho_
+            p = np.where(known[:, None], x / np.where(n_t > 0, n_t, 1.0)[:, None], 1.0 / C)
+            v_next = self.v_cells_[h + 1]
+            pts = self.zones_.base_points(h)  # (Z, P, n)
+            lo, hi = self.reward_bounds(h)
+            r = (self.reward_fn(h, pts[:, :, None, :], reps[None, None]) - lo) / (hi - lo)
+            r = np.broadcast_to(r, pts.shape[:2] + (C,))
+            q_t = np.einsum("zc,zpc->zp", p, np.clip(r, 0, 1)) + (p @ v_next)[:, None]
+            var = np.maximum(p @ v_next**2 - (p @ v_next) ** 2, 0.0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                gamma = (self.c1 * np.sqrt(var * iota / (n_t - self.e_rho_))
+                         + self.c2 * C * H * self.e_rho_ * iota / n_t)
+            gamma = np.where(known, gamma, self.c_fallback * H)
+            qbar = np.clip(q_t - gamma[:, None], 0.0, H - h)
+            self.qbar_[h] = qbar
+            self.coef_[h] = self.zones_.interpolator(h, qbar)
+            self.v_cells_[h] = self._q_grid(h, reps).max(-1)
+        return self
+
+    # -------------------------------------------------------------- predict
+    def q_values(self, h: int, points: np.ndarray) -> np.ndarray:
+        """Pessimistic Q_h at state-action points (..., w+d) (scaled reward units)."""
+        return np.clip(self.zones_.interpolate(h, self.coef_[h], np.asarray(points, float)),
+                       0.0, self.horizon_ - h)
+
+    def _q_grid(self, h: int, states: np.ndarray) -> np.ndarray:
+        """Q_h(s, a) for every state (n, w) and candidate action: (n, K)."""
+        n, k = states.shape[0], self.actions_.shape[0]
+        b = np.concatenate([np.repeat(states[:, None], k, 1),
+                            np.broadcast_to(self.actions_, (n, k, self.action_dim))], -1)
+        return self.q_values(h, b)
+
+    def act(self, h: int, states: np.ndarray) -> np.ndarray:
+        """Greedy action ``argmax_a Q_h(s, a)`` over the candidate set, for states (n, w)."""
+        return self.actions_[self._q_grid(h, np.asarray(states, float)).argmax(-1)]
+
+    def values(self, h: int, states: np.ndarray) -> np.ndarray:
+        """V_h(s) = max_a Q_h(s, a)."""
+        return self._q_grid(h, np.asarray(states, float)).max(-1)
