@@ -1,0 +1,111 @@
+"""``fedqhd pool ...``: the paper's studies as sub-commands, writing JSON and PNG.
+
+``fedqhd pool rho``    gap vs rho for nonprivate / pool / input / output
+``fedqhd pool sweep``  gap vs one of H, lam (|lambda|), wd (w+d), M
+``fedqhd pool grid``   norm zones vs axis grid: gap and fit wall time vs M
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from fedqhd.pool.baselines import METHODS
+from fedqhd.pool.experiments import Setting, grid_study, rho_study, run_grid, sweep_study
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="outputs/pool", help="output directory")
+    p.add_argument("--reps", type=int, default=10, help="repetitions (paper: 10)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--w", type=int, default=2, help="products; w+d = 2w")
+    p.add_argument("--H", type=int, default=7)
+    p.add_argument("--M", type=int, default=50, help="zones")
+    p.add_argument("--lam", type=float, default=1.0, help="observable boundary per coordinate")
+    p.add_argument("--rho", type=float, default=1.0)
+    p.add_argument("--n", type=int, default=5000, help="offline trajectories")
+    p.add_argument("--model", choices=["lost_sales", "backlogged"], default="lost_sales")
+    p.add_argument("--demand", choices=["uniform", "bike"], default="uniform")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _base(a: argparse.Namespace) -> Setting:
+    return Setting(w=a.w, horizon=a.H, n_zones=a.M, lam=a.lam, rho=a.rho, n_traj=a.n,
+                   model=a.model, demand=a.demand)
+
+
+def _write(a: argparse.Namespace, name: str, rows: list[dict], x_of, log_x: bool = False) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"study": name, "seed": a.seed, "reps": a.reps, "args": vars(a) | {"func": None},
+               "rows": rows, "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=1, default=str))
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for series in sorted({x_of(r)[0] for r in rows}):
+        pts = [(x_of(r)[1], r["gap_mean"], r["gap_std"]) for r in rows if x_of(r)[0] == series]
+        xs, ys, es = zip(*pts, strict=True)
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=series)
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_ylabel("relative gap (%)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / f"{name}.png", dpi=120)
+    plt.close(fig)
+    for r in rows:
+        print(f"{r['label']:>22s} {r['method']:>10s}  gap {r['gap_mean']:7.1f} "
+              f"+- {r['gap_std']:5.1f} %   fit {r['fit_s_mean']:.3f}s")
+    print(f"wrote {out / name}.json and .png")
+    return 0
+
+
+def _rho(a: argparse.Namespace) -> int:
+    rows = run_grid(rho_study(_base(a), _floats(a.rhos), a.methods.split(",")), a.reps, a.seed,
+                    not a.no_progress)
+    return _write(a, f"rho_{a.demand}", rows, lambda r: (r["method"], r["setting"]["rho"]),
+                  log_x=True)
+
+
+def _sweep(a: argparse.Namespace) -> int:
+    rows = run_grid(sweep_study(_base(a), a.param, _floats(a.values)), a.reps, a.seed,
+                    not a.no_progress)
+    return _write(a, f"sweep_{a.param}", rows,
+                  lambda r: ("pool", float(r["label"].split("=")[1])))
+
+
+def _grid(a: argparse.Namespace) -> int:
+    rows = run_grid(grid_study(_base(a), [int(m) for m in _floats(a.Ms)]), a.reps, a.seed,
+                    not a.no_progress)
+    return _write(a, f"grid_wd{2 * a.w}", rows,
+                  lambda r: (r["setting"]["discretization"], r["setting"]["n_zones"]))
+
+
+def register(subparsers) -> None:
+    """Add the ``pool`` command and its studies to the ``fedqhd`` dispatcher."""
+    p = subparsers.add_parser("pool", help="POOL experiments (private offline inventory RL)")
+    sub = p.add_subparsers(dest="study", required=True)
+    r = sub.add_parser("rho", help="gap vs rho for the four methods")
+    _common(r)
+    r.add_argument("--rhos", default="0.1,1,5,10,20,40")
+    r.add_argument("--methods", default=",".join(METHODS))
+    r.set_defaults(func=_rho)
+    s = sub.add_parser("sweep", help="gap vs H, lam, wd (w+d) or M")
+    _common(s)
+    s.add_argument("--param", choices=["H", "lam", "wd", "M"], required=True)
+    s.add_argument("--values", required=True, help="comma separated, e.g. 5,10,15,20,40")
+    s.set_defaults(func=_sweep)
+    g = sub.add_parser("grid", help="norm zones vs axis grid: gap and wall time")
+    _common(g)
+    g.add_argument("--Ms", default="50,100,200,400,800")
+    g.set_defaults(func=_grid)
