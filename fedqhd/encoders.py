@@ -79,7 +79,11 @@ class HDEncoder(TransformerMixin, BaseEstimator):
         """Encode states: rows of ``X`` -> rows of features, shape (n, D)."""
         check_is_fitted(self)
         X = validate_data(self, X, dtype=np.float64, reset=False)
-        proj = (X / self.scale_) @ self.omega_
+        return self.encode(X)
+
+    def encode(self, X: np.ndarray) -> np.ndarray:
+        """:meth:`transform` without input checks, for hot loops (one state per step)."""
+        proj = (np.asarray(X, dtype=np.float64) / self.scale_) @ self.omega_
         proj += self.offset_
         np.cos(proj, out=proj)
         proj *= np.sqrt(2.0 / self.omega_.shape[1])

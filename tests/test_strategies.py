@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from flwr.app import Error, Message, Metadata, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from loopback_grid import LoopbackGrid
 
 from fedqhd.encoders import HDEncoder
 from fedqhd.readout import ridge_project
+from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import FedQHDAnchor, FedQHDAvg
 from fedqhd.strategies import contract as C
 
@@ -153,7 +153,7 @@ def _linear_client_app(dims: list[int], n_actions: int = 2) -> ClientApp:
 
 
 def test_fedqhd_avg_with_a_minimal_client_app():
-    grid = LoopbackGrid([_linear_client_app([200, 200, 200])] * 3)
+    grid = InProcessGrid([_linear_client_app([200, 200, 200])] * 3)
     strategy = FedQHDAvg(min_available_nodes=3)
     result = strategy.start(grid, C.to_array_record({C.READOUT: np.zeros((200, 2))}),
                             num_rounds=2)
@@ -168,7 +168,7 @@ def test_fedqhd_avg_with_a_minimal_client_app():
 
 def test_fedqhd_anchor_with_a_minimal_client_app():
     app = _linear_client_app([100, 200, 400])
-    grid = LoopbackGrid([app] * 3)
+    grid = InProcessGrid([app] * 3)
     anchors = np.random.default_rng(5).uniform(-1, 1, size=(300, 3))
     strategy = FedQHDAnchor(anchors, n_actions=2, min_available_nodes=3, min_evaluate_nodes=3)
     result = strategy.start(grid, strategy.initial_arrays(), num_rounds=3)

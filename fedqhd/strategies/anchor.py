@@ -78,8 +78,9 @@ class FedQHDAnchor(FunctionSpaceStrategy):
                 if residual is not None:
                     log(INFO, "FedQHDAnchor round %d: node %s projection residual %.4g",
                         server_round, msg.metadata.src_node_id, residual)
+        self.last_train_metrics = screened.round_metrics()
         if not screened.arrays:
-            return None, screened.round_metrics()
+            return None, self.last_train_metrics
         teacher = screened.weighted_mean()
         record = C.to_array_record({C.ANCHORS: self.anchors, C.TEACHER: teacher})
-        return record, screened.round_metrics()
+        return record, self.last_train_metrics

@@ -58,6 +58,7 @@ class FedQHDAvg(FunctionSpaceStrategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         screened = screen_replies(replies, C.READOUT, self._readout_shape,
                                   self.weighting == "uniform", f"FedQHDAvg round {server_round}")
+        self.last_train_metrics = screened.round_metrics()
         if not screened.arrays:
-            return None, screened.round_metrics()
-        return C.to_array_record({C.READOUT: screened.weighted_mean()}), screened.round_metrics()
+            return None, self.last_train_metrics
+        return C.to_array_record({C.READOUT: screened.weighted_mean()}), self.last_train_metrics

@@ -41,6 +41,9 @@ class FunctionSpaceStrategy(FedAvg):
             configrecord_key=C.CONFIG,
         )
         self.weighting = weighting
+        #: the latest aggregated train / evaluate metrics, for per-round reporting
+        self.last_train_metrics: MetricRecord | None = None
+        self.last_evaluate_metrics: MetricRecord | None = None
 
     def summary(self) -> None:
         super().summary()
@@ -52,4 +55,6 @@ class FunctionSpaceStrategy(FedAvg):
         """Weighted mean of the clients' evaluation metrics, with screening counts."""
         screened = screen_replies(replies, None, None, self.weighting == "uniform",
                                   f"{type(self).__name__} evaluate round {server_round}")
-        return screened.round_metrics() if screened.metrics or screened.failed else None
+        metrics = screened.round_metrics() if screened.metrics or screened.failed else None
+        self.last_evaluate_metrics = metrics
+        return metrics

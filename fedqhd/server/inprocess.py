@@ -1,8 +1,10 @@
-"""An in-process Flower Grid for tests: strategies talk to real ClientApps without Ray.
+"""An in-process Flower Grid: strategies talk to real ClientApps without Ray.
 
 Each node is a ``ClientApp`` plus its own ``Context`` (node config with
 ``partition-id``; state kept across rounds), and ``send_and_receive`` calls the
-app directly, so a whole ``strategy.start`` runs in milliseconds.
+app directly in this process. Tests and benchmarks use it to run the very same
+ServerApp logic, strategies and ClientApps as ``flwr run`` without Ray's start-up
+cost; it is not a deployment (no isolation between clients).
 """
 
 from __future__ import annotations
@@ -10,27 +12,41 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
 RUN_ID = 4242
 
 
-class LoopbackGrid(Grid):
-    def __init__(self, apps: list[ClientApp], run_config: dict | None = None) -> None:
+class InProcessGrid(Grid):
+    """A Grid whose nodes are ClientApps called in this process.
+
+    Parameters
+    ----------
+    apps : list of ClientApp
+        One per node; node ``i`` gets ``partition-id = i``.
+    run_config : dict, optional
+        The run config every node's Context carries.
+    node_configs : list of dict, optional
+        Extra node-config entries per node (for example ``data-dir``).
+    """
+
+    def __init__(self, apps: list[ClientApp], run_config: dict | None = None,
+                 node_configs: list[dict] | None = None) -> None:
         TaskIdentity.run_id = RUN_ID
         TaskIdentity.node_id = 0
         TaskIdentity.task_id = 1
         self.apps = {1000 + i: app for i, app in enumerate(apps)}
         self.contexts = {
             node: Context(run_id=RUN_ID, node_id=node,
-                          node_config={"partition-id": i, "num-partitions": len(apps)},
+                          node_config={"partition-id": i, "num-partitions": len(apps),
+                                       **(node_configs[i] if node_configs else {})},
                           state=RecordDict(), run_config=dict(run_config or {}))
             for i, node in enumerate(self.apps)
         }
-        self.down: set[int] = set()  # nodes that answer with an error
         self._ids = itertools.count()
 
     # --- the parts of the Grid API strategies use ---
@@ -43,7 +59,12 @@ class LoopbackGrid(Grid):
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
             node = msg.metadata.dst_node_id
-            replies.append(self.apps[node](msg, self.contexts[node]))
+            try:
+                replies.append(self.apps[node](msg, self.contexts[node]))
+            except Exception as exc:  # as Flower does: a crashing ClientApp replies an error
+                replies.append(msg.create_error_reply(
+                    Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                          reason=f"{type(exc).__name__}: {exc}")))
         return replies
 
     # --- not needed in process ---

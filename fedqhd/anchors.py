@@ -1,0 +1,73 @@
+"""Anchor states for function-space aggregation across heterogeneous encoders.
+
+The server fixes ``m`` states once per run; every client reports its Q-values
+on them and compiles the averaged teacher back into its own features. Where the
+anchors lie decides what the teacher constrains, so three sources are offered:
+short random-action rollouts of a server-side environment copy (the FedQHD
+paper's choice), uniform draws inside the per-environment bounds, or an array
+the user provides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fedqhd.envs import get_spec, make_env
+
+ROLLOUT_LENGTH = 50  #: steps per short random rollout
+
+
+def rollout_anchors(env_id: str, m: int, seed: int, length: int = ROLLOUT_LENGTH) -> np.ndarray:
+    """``m`` states visited by uniform-random actions in short rollouts (<= ``length`` steps)."""
+    env = make_env(env_id)
+    rng = np.random.default_rng(seed)
+    states: list[np.ndarray] = []
+    try:
+        while len(states) < m:
+            obs, _ = env.reset(seed=int(rng.integers(2**31)))
+            states.append(obs)
+            for _ in range(length - 1):
+                if len(states) >= m:
+                    break
+                obs, _, terminated, truncated, _ = env.step(int(rng.integers(env.action_space.n)))
+                states.append(obs)
+                if terminated or truncated:
+                    break
+    finally:
+        env.close()
+    return np.asarray(states[:m], dtype=np.float64)
+
+
+def uniform_anchors(env_id: str, m: int, seed: int) -> np.ndarray:
+    """``m`` states uniform in the per-environment bounds ``[-bound, bound]``."""
+    bound = get_spec(env_id).obs_bound
+    return np.random.default_rng(seed).uniform(-bound, bound, size=(m, len(bound)))
+
+
+def load_anchors(path: str | Path, env_id: str) -> np.ndarray:
+    """Anchors from a ``.npy`` file of shape (m, obs_dim), validated."""
+    path = Path(path)
+    try:
+        anchors = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"anchor file {path}: cannot read a .npy array ({exc})") from exc
+    obs_dim = get_spec(env_id).obs_dim
+    if anchors.ndim != 2 or anchors.shape[1] != obs_dim or len(anchors) == 0:
+        raise ValueError(f"anchor file {path}: expected shape (m, {obs_dim}) for {env_id}, "
+                         f"got {anchors.shape}")
+    if not np.issubdtype(anchors.dtype, np.number) or not np.all(np.isfinite(anchors)):
+        raise ValueError(f"anchor file {path}: values must be finite numbers")
+    return anchors.astype(np.float64)
+
+
+def make_anchors(source: str, env_id: str, m: int, seed: int, path: str = "") -> np.ndarray:
+    """Anchors from ``source`` in {"rollouts", "uniform", "file"}."""
+    if source == "rollouts":
+        return rollout_anchors(env_id, m, seed)
+    if source == "uniform":
+        return uniform_anchors(env_id, m, seed)
+    if source == "file":
+        return load_anchors(path, env_id)
+    raise ValueError(f"anchor source must be rollouts, uniform or file, got {source!r}")

@@ -1,0 +1,107 @@
+"""The fedqhd ClientApp: a private shard, the client's own encoder, a local learner.
+
+Only Q-function summaries leave the client: a readout (shared encoder) or
+Q-values on the server's anchor states (heterogeneous encoders). The shard is
+read from the node's data folder (node config ``data-dir``, else run config
+``data-dir``) or generated deterministically from (seed, partition-id).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedqhd.client.learners import FQILearner, greedy_policy
+from fedqhd.config import RunConfig
+from fedqhd.data import Shard, client_shard
+from fedqhd.encoders import heterogeneous_encoder_params, shared_encoder_params
+from fedqhd.envs import get_spec, rollout_returns
+from fedqhd.strategies import contract as C
+
+app = ClientApp()
+
+#: learners kept in this process between rounds (encoded shard and factorisations);
+#: a new process rebuilds the same learner deterministically
+_LEARNERS: dict[tuple[Any, ...], tuple[FQILearner, Shard]] = {}
+
+
+def node_learner(context: Context) -> tuple[RunConfig, FQILearner, Shard]:
+    """This node's run config, learner and shard (built once per process)."""
+    cfg = RunConfig.from_run_config(context.run_config)
+    pid = int(context.node_config["partition-id"])
+    n_parts = int(context.node_config["num-partitions"])
+    data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
+    key = (context.run_id, pid, n_parts, data_dir, cfg)
+    if key not in _LEARNERS:
+        shard = client_shard(cfg.env_id, cfg.partition, pid, n_parts, cfg.episodes_per_client,
+                             cfg.seed, data_dir=data_dir or None,
+                             epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max)
+        spec = get_spec(cfg.env_id)
+        params = (shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth)
+                  if cfg.encoder == "shared"
+                  else heterogeneous_encoder_params(cfg.seed, pid, cfg.bandwidth))
+        learner = FQILearner(shard, params.build(spec.obs_bound), spec.n_actions,
+                             gamma=cfg.gamma, ridge=cfg.ridge, proximal=cfg.proximal)
+        _LEARNERS.clear()  # one run per process at a time: free the previous one
+        _LEARNERS[key] = (learner, shard)
+    learner, shard = _LEARNERS[key]
+    return cfg, learner, shard
+
+
+def _reply(msg: Message, arrays: dict[str, np.ndarray] | None,
+           metrics: dict[str, float]) -> Message:
+    content = RecordDict({C.METRICS: MetricRecord(metrics)})
+    if arrays is not None:
+        content[C.ARRAYS] = C.to_array_record(arrays)
+    return Message(content, reply_to=msg)
+
+
+def _adopt_global(learner: FQILearner, arrays: dict[str, np.ndarray],
+                  metrics: dict[str, float]) -> None:
+    """Set the learner's readout from what the server sent: the global readout, or the
+    compiled teacher (recording the projection residual)."""
+    if C.READOUT in arrays:
+        learner.readout = arrays[C.READOUT]
+    elif C.TEACHER in arrays:
+        metrics[C.PROJECTION_RESIDUAL] = learner.compile(arrays[C.ANCHORS], arrays[C.TEACHER])
+    else:
+        learner.readout = np.zeros_like(learner.readout)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Adopt the global Q-function, run local FQI sweeps pulled toward it, reply."""
+    cfg, learner, _ = node_learner(context)
+    arrays = C.from_array_record(msg.content[C.ARRAYS])
+    metrics: dict[str, float] = {C.NUM_TRANSITIONS: learner.n_transitions}
+    _adopt_global(learner, arrays, metrics)
+    metrics.update(learner.train(cfg.local_iterations, start=learner.readout))
+    if C.READOUT in arrays:
+        return _reply(msg, {C.READOUT: learner.readout}, metrics)
+    return _reply(msg, {C.Q_ANCHORS: learner.q_values(arrays[C.ANCHORS])}, metrics)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Greedy return of the global Q-function as this client's features express it
+    (compiled teacher, or the shared readout), in this client's own environment."""
+    cfg, learner, shard = node_learner(context)
+    arrays = C.from_array_record(msg.content[C.ARRAYS])
+    metrics: dict[str, float] = {C.NUM_TRANSITIONS: learner.n_transitions}
+    _adopt_global(learner, arrays, metrics)
+    pid = int(context.node_config["partition-id"])
+    returns = rollout_returns(cfg.env_id, greedy_policy(learner.encoder, learner.readout),
+                              cfg.eval_episodes, seed=evaluation_seed(cfg.seed, pid),
+                              dynamics=shard.metadata.get("dynamics") or None)
+    metrics[C.RETURN_MEAN] = float(returns.mean())
+    metrics[C.RETURN_STD] = float(returns.std())
+    return _reply(msg, None, metrics)
+
+
+def evaluation_seed(seed: int, stream: int) -> int:
+    """Episode seeds for evaluation, fixed per (run seed, evaluator) so that rounds are
+    compared on the same start states, and disjoint from data-collection seeds."""
+    return int(np.random.SeedSequence([seed, stream, 0xE7A1]).generate_state(1)[0])

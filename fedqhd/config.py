@@ -1,0 +1,168 @@
+"""The run configuration, parsed and validated in one place.
+
+Keys are Flower's kebab-case run-config keys (``[tool.flwr.app.config]`` in
+``pyproject.toml`` holds the same defaults). ServerApp and ClientApp both build
+a :class:`RunConfig` from ``context.run_config``; under the deprecated
+``run_simulation`` that dict is empty and the defaults below apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from fedqhd.envs import ENV_IDS
+
+PARTITIONS = ("iid", "behaviour-skew", "dynamics-skew")
+ENCODERS = ("shared", "heterogeneous")
+LEARNERS = ("fqi",)
+STRATEGIES = ("auto", "avg", "anchor")
+WEIGHTINGS = ("transitions", "uniform")
+ANCHOR_SOURCES = ("rollouts", "uniform", "file")
+
+
+class ConfigError(ValueError):
+    """A run-config key has a bad value; the message names the key and the valid range."""
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
+    return lambda v: None if v in options else f"one of {', '.join(options)}"
+
+
+def _int_range(lo: int, hi: int) -> Callable[[Any], str | None]:
+    return lambda v: None if lo <= v <= hi else f"an integer in [{lo}, {hi}]"
+
+
+def _float_range(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False
+                 ) -> Callable[[Any], str | None]:
+    def check(v: float) -> str | None:
+        ok = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+        return None if ok else (f"a number in {'(' if lo_open else '['}{lo}, {hi}"
+                                f"{')' if hi_open else ']'}")
+    return check
+
+
+def _key(check: Callable[[Any], str | None], doc: str) -> dict[str, Any]:
+    return {"check": check, "doc": doc}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting of a fedqhd run (field ``foo_bar`` is run-config key ``foo-bar``)."""
+
+    seed: int = field(default=0, metadata=_key(_int_range(0, 2**31 - 1),
+                                                "seeds data, encoders, anchors, sampling"))
+    num_server_rounds: int = field(default=5, metadata=_key(_int_range(1, 100_000),
+                                                            "federated rounds"))
+    env_id: str = field(default="CartPole-v1", metadata=_key(_choice(ENV_IDS),
+                                                             "gymnasium task"))
+    data_dir: str = field(default="", metadata=_key(lambda v: None,
+                                                    "shard folder; empty: generate"))
+    partition: str = field(default="behaviour-skew",
+                           metadata=_key(_choice(PARTITIONS), "how clients differ"))
+    episodes_per_client: int = field(default=5, metadata=_key(_int_range(1, 1_000_000),
+                                                              "episodes in a generated shard"))
+    epsilon_min: float = field(default=0.8, metadata=_key(_float_range(0.0, 1.0),
+                                                          "behaviour randomness, lowest"))
+    epsilon_max: float = field(default=1.0, metadata=_key(_float_range(0.0, 1.0),
+                                                          "behaviour randomness, highest"))
+    encoder: str = field(default="shared", metadata=_key(_choice(ENCODERS),
+                                                         "one encoder for all or one each"))
+    hd_dim: int = field(default=2000, metadata=_key(_int_range(8, 200_000),
+                                                    "D of the shared encoder"))
+    bandwidth: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e6, lo_open=True),
+                                                        "RBF gamma (base gamma if heterogeneous)"))
+    learner: str = field(default="fqi", metadata=_key(_choice(LEARNERS), "local learner"))
+    gamma: float = field(default=0.99, metadata=_key(_float_range(0.0, 1.0, hi_open=True),
+                                                     "discount"))
+    ridge: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e9, lo_open=True),
+                                                    "ridge penalty of FQI and compilation"))
+    local_iterations: int = field(default=5, metadata=_key(_int_range(1, 10_000),
+                                                           "FQI sweeps per round"))
+    proximal: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e9),
+                                                       "pull toward the global readout"))
+    strategy: str = field(default="auto", metadata=_key(_choice(STRATEGIES),
+                                                        "auto: avg if shared, else anchor"))
+    weighting: str = field(default="transitions", metadata=_key(_choice(WEIGHTINGS),
+                                                                "client weights"))
+    fraction_train: float = field(default=1.0, metadata=_key(
+        _float_range(0.0, 1.0, lo_open=True), "fraction of nodes trained per round"))
+    anchor_source: str = field(default="rollouts", metadata=_key(_choice(ANCHOR_SOURCES),
+                                                                 "where anchors come from"))
+    anchor_file: str = field(default="", metadata=_key(lambda v: None,
+                                                       ".npy of anchors (anchor-source=file)"))
+    num_anchors: int = field(default=1000, metadata=_key(_int_range(1, 1_000_000),
+                                                         "m, anchor states"))
+    min_nodes: int = field(default=2, metadata=_key(_int_range(1, 100_000),
+                                                    "nodes to wait for before a round"))
+    output_dir: str = field(default="outputs", metadata=_key(
+        lambda v: None if v else "a folder path", "results go to <output-dir>/<date>/<time>/"))
+    eval_episodes: int = field(default=10, metadata=_key(_int_range(1, 100_000),
+                                                         "greedy episodes per evaluation"))
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            problem = f.metadata["check"](value)
+            if problem:
+                raise ConfigError(f"run-config key '{_kebab(f.name)}' = {value!r} is invalid: "
+                                  f"expected {problem}")
+        if self.epsilon_min > self.epsilon_max:
+            raise ConfigError(f"run-config keys 'epsilon-min' ({self.epsilon_min}) and "
+                              f"'epsilon-max' ({self.epsilon_max}): need min <= max")
+        if self.strategy == "avg" and self.encoder != "shared":
+            raise ConfigError("run-config key 'strategy' = 'avg' needs 'encoder' = 'shared': "
+                              "readouts of different encoders cannot be averaged; use 'anchor'")
+        if self.anchor_source == "file" and not self.anchor_file:
+            raise ConfigError("run-config key 'anchor-file' must name a .npy file when "
+                              "'anchor-source' = 'file'")
+
+    @property
+    def resolved_strategy(self) -> str:
+        """``avg`` or ``anchor`` after resolving ``auto``."""
+        if self.strategy != "auto":
+            return self.strategy
+        return "avg" if self.encoder == "shared" else "anchor"
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
+        """Parse Flower's run config: unknown keys and wrong types are errors."""
+        by_key = {_kebab(f.name): f for f in fields(cls)}
+        unknown = sorted(set(run_config) - set(by_key))
+        if unknown:
+            raise ConfigError(f"unknown run-config key(s) {unknown}; valid keys: "
+                              f"{sorted(by_key)}")
+        kwargs = {}
+        for key, value in run_config.items():
+            f = by_key[key]
+            kwargs[f.name] = _coerce(key, value, type(f.default))
+        return cls(**kwargs)
+
+    def to_run_config(self) -> dict[str, Any]:
+        """The kebab-case dict (what ``run_config.json`` records)."""
+        return {_kebab(k): v for k, v in dataclasses.asdict(self).items()}
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_run_config(), indent=2, sort_keys=True)
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    """Accept what TOML and ``--run-config`` give (ints for floats); refuse the rest."""
+    if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind is str and isinstance(value, str):
+        return value
+    raise ConfigError(f"run-config key '{key}' = {value!r} has type {type(value).__name__}, "
+                      f"expected {kind.__name__}")

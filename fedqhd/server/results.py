@@ -1,0 +1,103 @@
+"""Per-run results: ``<output-dir>/<date>/<time>/`` with the run config, a per-round
+``results.json`` rewritten after every round (a crash keeps what was done), the
+final model, and a learning-curve PNG."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedqhd import __version__
+from fedqhd.config import RunConfig
+
+
+def new_run_dir(root: str | Path) -> Path:
+    """A fresh ``root/<YYYY-MM-DD>/<HH-MM-SS>`` folder (suffixed if it exists)."""
+    now = datetime.now()
+    base = Path(root).expanduser().resolve() / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
+    path, n = base, 1
+    while path.exists():
+        path, n = base.with_name(f"{base.name}-{n}"), n + 1
+    path.mkdir(parents=True)
+    return path
+
+
+class RunRecorder:
+    """Collects one row per round and writes the run's files."""
+
+    def __init__(self, cfg: RunConfig, out_dir: Path, extra: dict[str, Any] | None = None):
+        self.cfg = cfg
+        self.out_dir = out_dir
+        self.rounds: list[dict[str, Any]] = []
+        self.started = time.time()
+        info = {"config": cfg.to_run_config(), "seed": cfg.seed, "fedqhd-version": __version__,
+                "python": platform.python_version(), "started": datetime.now().isoformat()}
+        info.update(extra or {})
+        (out_dir / "run_config.json").write_text(json.dumps(info, indent=2, sort_keys=True))
+
+    def record_round(self, row: dict[str, Any]) -> None:
+        row = {"round": int(row["round"]), **{k: v for k, v in row.items() if k != "round"}}
+        row["wall-time-s"] = round(time.time() - self.started, 3)
+        self.rounds.append(row)
+        self._write(final=None)
+
+    def finish(self, arrays: dict[str, np.ndarray], extra: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+        """Write the final entry, the model and the plot; returns the final entry."""
+        evaluated = [r for r in self.rounds if "return-mean" in r]
+        last = evaluated[-1] if evaluated else {}
+        best = max(evaluated, key=lambda r: r["return-mean"]) if evaluated else {}
+        final = {"round": last.get("round"), "return-mean": last.get("return-mean"),
+                 "return-std": last.get("return-std"), "best-round": best.get("round"),
+                 "best-return-mean": best.get("return-mean"),
+                 "wall-time-s": round(time.time() - self.started, 3)}
+        final.update(extra or {})
+        self._write(final)
+        np.savez(self.out_dir / "final_model.npz", **arrays)
+        self.plot()
+        return final
+
+    def _write(self, final: dict[str, Any] | None) -> None:
+        payload: dict[str, Any] = {"seed": self.cfg.seed, "env-id": self.cfg.env_id,
+                                   "strategy": self.cfg.resolved_strategy,
+                                   "encoder": self.cfg.encoder, "rounds": self.rounds}
+        if final is not None:
+            payload["final"] = final
+        tmp = self.out_dir / "results.json.tmp"
+        tmp.write_text(json.dumps(payload, indent=2))
+        tmp.replace(self.out_dir / "results.json")
+
+    def plot(self) -> Path:
+        """Learning curve: greedy return per round (mean +- std) and Bellman residual."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = [r for r in self.rounds if "return-mean" in r]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        if rows:
+            x = np.array([r["round"] for r in rows])
+            m = np.array([r["return-mean"] for r in rows])
+            s = np.array([r.get("return-std", 0.0) for r in rows])
+            axes[0].plot(x, m, marker="o")
+            axes[0].fill_between(x, m - s, m + s, alpha=0.25)
+        axes[0].set(xlabel="round", ylabel="greedy return",
+                    title=f"{self.cfg.env_id}: {self.cfg.resolved_strategy}, "
+                          f"{self.cfg.encoder} encoder")
+        res = [(r["round"], r["bellman-residual"]) for r in self.rounds if "bellman-residual" in r]
+        if res:
+            axes[1].plot(*zip(*res, strict=True), marker=".")
+        axes[1].set(xlabel="round", ylabel="RMS Bellman residual (clients)",
+                    title="local fit")
+        fig.tight_layout()
+        path = self.out_dir / "learning_curve.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
