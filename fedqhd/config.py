@@ -78,9 +78,9 @@ class RunConfig:
     learner: str = field(default="fqi", metadata=_key(_choice(LEARNERS), "local learner"))
     gamma: float = field(default=0.99, metadata=_key(_float_range(0.0, 1.0, hi_open=True),
                                                      "discount"))
-    ridge: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e9, lo_open=True),
+    ridge: float = field(default=0.1, metadata=_key(_float_range(0.0, 1e9, lo_open=True),
                                                     "ridge penalty of FQI and compilation"))
-    local_iterations: int = field(default=5, metadata=_key(_int_range(1, 10_000),
+    local_iterations: int = field(default=1, metadata=_key(_int_range(1, 10_000),
                                                            "FQI sweeps per round"))
     proximal: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e9),
                                                        "pull toward the global readout"))

@@ -79,6 +79,7 @@ class FedQHDAnchor(FunctionSpaceStrategy):
                     log(INFO, "FedQHDAnchor round %d: node %s projection residual %.4g",
                         server_round, msg.metadata.src_node_id, residual)
         self.last_train_metrics = screened.round_metrics()
+        self.last_client_metrics = screened.per_node_metrics()
         if not screened.arrays:
             return None, self.last_train_metrics
         teacher = screened.weighted_mean()

@@ -59,6 +59,7 @@ class FedQHDAvg(FunctionSpaceStrategy):
         screened = screen_replies(replies, C.READOUT, self._readout_shape,
                                   self.weighting == "uniform", f"FedQHDAvg round {server_round}")
         self.last_train_metrics = screened.round_metrics()
+        self.last_client_metrics = screened.per_node_metrics()
         if not screened.arrays:
             return None, self.last_train_metrics
         return C.to_array_record({C.READOUT: screened.weighted_mean()}), self.last_train_metrics

@@ -44,6 +44,8 @@ class FunctionSpaceStrategy(FedAvg):
         #: the latest aggregated train / evaluate metrics, for per-round reporting
         self.last_train_metrics: MetricRecord | None = None
         self.last_evaluate_metrics: MetricRecord | None = None
+        #: the latest accepted train replies' own metrics, by node id (per-client reports)
+        self.last_client_metrics: dict[int, dict[str, float]] = {}
 
     def summary(self) -> None:
         super().summary()

@@ -26,6 +26,7 @@ class ScreenedReplies:
     arrays: list[np.ndarray] = field(default_factory=list)
     weights: list[float] = field(default_factory=list)
     metrics: list[dict[str, float]] = field(default_factory=list)
+    nodes: list[int] = field(default_factory=list)
     failed: int = 0
     rejected: int = 0
 
@@ -33,6 +34,10 @@ class ScreenedReplies:
         w = np.asarray(self.weights, dtype=np.float64)
         w = w / w.sum()
         return np.tensordot(w, np.stack(self.arrays), axes=1)
+
+    def per_node_metrics(self) -> dict[int, dict[str, float]]:
+        """Each accepted reply's own metrics, by source node id (for per-client reports)."""
+        return dict(zip(self.nodes, self.metrics, strict=True))
 
     def round_metrics(self) -> MetricRecord:
         """Weighted means of the numeric reply metrics plus the screening counts."""
@@ -89,6 +94,7 @@ def screen_replies(
         if array is not None:
             out.arrays.append(array)
         out.metrics.append(metrics)
+        out.nodes.append(node)
         out.weights.append(1.0 if uniform else float(metrics[C.NUM_TRANSITIONS]))
     log(INFO, "%s: %d replies aggregated, %d failed, %d rejected", label,
         len(out.metrics), out.failed, out.rejected)
