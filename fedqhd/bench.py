@@ -1,0 +1,140 @@
+"""``fedqhd bench``: federated vs pooled vs lone learners, measured the same way.
+
+For each seed it trains, on the same client shards and with the same number of
+FQI sweeps, (1) ridge FQI on all pooled data with the shared encoder, (2) every
+client alone (shared encoder, and its own heterogeneous encoder), (3) FedQHDAvg
+with the shared encoder and (4) FedQHDAnchor with heterogeneous encoders, and
+evaluates each greedy policy on the same evaluation episodes. The federated runs
+use the real ServerApp logic and ClientApp in process (no Ray), so the numbers
+are those of ``flwr run`` without the transport.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedqhd.config import RunConfig
+
+
+def _lone_and_pooled(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
+    from fedqhd.client.app import evaluation_seed
+    from fedqhd.client.learners import FQILearner, greedy_policy
+    from fedqhd.data import client_shard, pooled
+    from fedqhd.encoders import heterogeneous_encoder_params, shared_encoder_params
+    from fedqhd.envs import get_spec, rollout_returns
+    from fedqhd.server.app import SERVER_EVALUATOR
+
+    spec = get_spec(cfg.env_id)
+    sweeps = cfg.num_server_rounds * cfg.local_iterations
+    eval_seed = evaluation_seed(cfg.seed, SERVER_EVALUATOR)
+    shards = [client_shard(cfg.env_id, cfg.partition, i, n_clients, cfg.episodes_per_client,
+                           cfg.seed, epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max)
+              for i in range(n_clients)]
+    shared = shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(spec.obs_bound)
+
+    def fit_and_eval(shard, encoder) -> float:
+        learner = FQILearner(shard, encoder, spec.n_actions, cfg.gamma, cfg.ridge, proximal=0.0)
+        learner.train(sweeps, start=learner.readout)
+        return float(rollout_returns(cfg.env_id, greedy_policy(encoder, learner.readout),
+                                     cfg.eval_episodes, seed=eval_seed).mean())
+
+    lone_shared = [fit_and_eval(s, shared) for s in shards]
+    lone_hetero = [fit_and_eval(s, heterogeneous_encoder_params(cfg.seed, i, cfg.bandwidth)
+                                .build(spec.obs_bound)) for i, s in enumerate(shards)]
+    return {"pooled": fit_and_eval(pooled(shards), shared),
+            "lone-shared-mean": float(np.mean(lone_shared)),
+            "lone-heterogeneous-mean": float(np.mean(lone_hetero)),
+            "transitions": int(sum(s.n_transitions for s in shards))}
+
+
+def _federated(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
+    from fedqhd.client.app import app as client_app
+    from fedqhd.server.app import run_federation
+    from fedqhd.server.inprocess import InProcessGrid
+
+    grid = InProcessGrid([client_app] * n_clients, run_config=cfg.to_run_config())
+    final, out_dir = run_federation(grid, cfg)
+    return {"return-mean": final["return-mean"], "best-return-mean": final["best-return-mean"],
+            "run-dir": str(out_dir)}
+
+
+def run_bench(env_id: str, n_clients: int, seeds: list[int], rounds: int,
+              out: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    from flwr.common.logger import FLOWER_LOGGER
+    from tqdm import tqdm
+
+    FLOWER_LOGGER.setLevel(logging.WARNING)
+    rows = []
+    for seed in tqdm(seeds, desc=f"bench {env_id}", unit="seed"):
+        base = RunConfig(env_id=env_id, seed=seed, num_server_rounds=rounds,
+                         output_dir=str(out / "runs"), **overrides)
+        t0 = time.time()
+        row: dict[str, Any] = {"seed": seed, **_lone_and_pooled(base, n_clients)}
+        row["fedqhd-avg"] = _federated(base.replace(encoder="shared"), n_clients)
+        row["fedqhd-anchor"] = _federated(base.replace(encoder="heterogeneous"), n_clients)
+        row["wall-time-s"] = round(time.time() - t0, 1)
+        rows.append(row)
+    summary = {
+        "env-id": env_id, "clients": n_clients, "rounds": rounds, "seeds": seeds,
+        "config": RunConfig(env_id=env_id, num_server_rounds=rounds, **overrides).to_run_config(),
+        "per-seed": rows,
+        "mean": {
+            "pooled": float(np.mean([r["pooled"] for r in rows])),
+            "fedqhd-avg": float(np.mean([r["fedqhd-avg"]["return-mean"] for r in rows])),
+            "fedqhd-anchor": float(np.mean([r["fedqhd-anchor"]["return-mean"] for r in rows])),
+            "lone-shared-mean": float(np.mean([r["lone-shared-mean"] for r in rows])),
+            "lone-heterogeneous-mean": float(np.mean([r["lone-heterogeneous-mean"]
+                                                      for r in rows])),
+        },
+    }
+    summary["mean"]["avg-over-pooled"] = summary["mean"]["fedqhd-avg"] / summary["mean"]["pooled"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _print_table(summary: dict[str, Any]) -> None:
+    print(f"\n{summary['env-id']}, {summary['clients']} clients, {summary['rounds']} rounds")
+    print("| seed | pooled FQI | FedQHDAvg | FedQHDAnchor (het.) | lone (shared) | lone (het.) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in summary["per-seed"]:
+        print(f"| {r['seed']} | {r['pooled']:.1f} | {r['fedqhd-avg']['return-mean']:.1f} | "
+              f"{r['fedqhd-anchor']['return-mean']:.1f} | {r['lone-shared-mean']:.1f} | "
+              f"{r['lone-heterogeneous-mean']:.1f} |")
+    m = summary["mean"]
+    print(f"| mean | {m['pooled']:.1f} | {m['fedqhd-avg']:.1f} | {m['fedqhd-anchor']:.1f} | "
+          f"{m['lone-shared-mean']:.1f} | {m['lone-heterogeneous-mean']:.1f} |")
+    print(f"FedQHDAvg / pooled = {m['avg-over-pooled']:.3f}")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bench", help="federated vs pooled vs lone FQI (in process)")
+    p.add_argument("--env", default="CartPole-v1")
+    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated")
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--out", type=Path, default=Path("outputs/bench"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="run-config override, e.g. --set hd-dim=1000 (repeatable)")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        overrides[key] = json.loads(value) if value[:1] in "0123456789-.[{" else value
+    overrides = {k.replace("-", "_"): v for k, v in
+                 RunConfig.from_run_config(overrides).to_run_config().items() if k in overrides}
+    seeds = [int(s) for s in args.seeds.split(",")]
+    summary = run_bench(args.env, args.clients, seeds, args.rounds, args.out, overrides)
+    _print_table(summary)
+    print(f"written {args.out / 'bench.json'}")
+    return 0

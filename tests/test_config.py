@@ -1,0 +1,50 @@
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fedqhd.config import ConfigError, RunConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_defaults_are_the_run_config_defaults():
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert RunConfig.from_run_config(table) == RunConfig()
+    assert set(table) == set(RunConfig().to_run_config())
+
+
+def test_no_federations_table_in_pyproject():
+    assert "federations" not in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("gamma", 1.0, "'gamma' = 1.0 is invalid: expected a number in [0.0, 1.0)"),
+    ("env-id", "Pong-v5", "'env-id' = 'Pong-v5' is invalid: expected one of CartPole-v1"),
+    ("num-server-rounds", 0, "'num-server-rounds' = 0 is invalid: expected an integer in [1,"),
+    ("ridge", 0.0, "'ridge' = 0.0 is invalid"),
+    ("hd-dim", "big", "'hd-dim' = 'big' has type str, expected int"),
+    ("fraction-train", 0, "'fraction-train' = 0.0 is invalid"),
+])
+def test_bad_values_name_the_key_and_the_valid_range(key, value, fragment):
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config({key: value})
+    assert fragment in str(err.value)
+
+
+def test_unknown_keys_and_inconsistent_combinations_are_refused():
+    with pytest.raises(ConfigError, match="unknown run-config key.*'num-rounds'"):
+        RunConfig.from_run_config({"num-rounds": 3})
+    with pytest.raises(ConfigError, match="'strategy' = 'avg' needs 'encoder' = 'shared'"):
+        RunConfig.from_run_config({"strategy": "avg", "encoder": "heterogeneous"})
+    with pytest.raises(ConfigError, match="epsilon-min"):
+        RunConfig.from_run_config({"epsilon-min": 0.9, "epsilon-max": 0.5})
+    with pytest.raises(ConfigError, match="anchor-file"):
+        RunConfig.from_run_config({"anchor-source": "file"})
+
+
+def test_ints_are_accepted_for_floats_and_strategy_auto_resolves():
+    cfg = RunConfig.from_run_config({"ridge": 1, "encoder": "heterogeneous"})
+    assert cfg.ridge == 1.0 and isinstance(cfg.ridge, float)
+    assert cfg.resolved_strategy == "anchor"
+    assert RunConfig().resolved_strategy == "avg"

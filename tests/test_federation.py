@@ -1,0 +1,75 @@
+"""The real ServerApp logic and ClientApp, in process (no Ray): learning, results, failures."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedqhd.client.app import app as client_app
+from fedqhd.client.learners import FQILearner
+from fedqhd.config import RunConfig
+from fedqhd.data import client_shard
+from fedqhd.encoders import heterogeneous_encoder_params
+from fedqhd.envs import get_spec, rollout_returns
+from fedqhd.server.app import run_federation
+from fedqhd.server.inprocess import InProcessGrid
+
+SMALL = dict(env_id="CartPole-v1", hd_dim=500, eval_episodes=5, num_anchors=300)
+
+
+def _run(tmp_path, n_clients=4, node_configs=None, **kw):
+    cfg = RunConfig(output_dir=str(tmp_path), **{**SMALL, **kw})
+    grid = InProcessGrid([client_app] * n_clients, run_config=cfg.to_run_config(),
+                         node_configs=node_configs)
+    final, out_dir = run_federation(grid, cfg)
+    return final, out_dir, json.loads((out_dir / "results.json").read_text())
+
+
+def test_shared_encoder_federation_learns_and_writes_results(tmp_path):
+    final, out_dir, results = _run(tmp_path, num_server_rounds=8, seed=1)
+    assert [r["round"] for r in results["rounds"]] == list(range(1, 9))
+    assert results["final"]["return-mean"] == final["return-mean"]
+    random_return = rollout_returns("CartPole-v1", lambda o: np.random.randint(2), 20, 0).mean()
+    assert final["best-return-mean"] > 3 * random_return
+    assert json.loads((out_dir / "run_config.json").read_text())["seed"] == 1
+    assert np.load(out_dir / "final_model.npz")["readout"].shape == (500, 2)
+    assert (out_dir / "learning_curve.png").exists()
+
+
+def test_heterogeneous_federation_evaluates_compiled_policies(tmp_path):
+    _, _, results = _run(tmp_path, num_server_rounds=2, encoder="heterogeneous")
+    last = results["rounds"][-1]
+    assert results["strategy"] == "anchor"
+    assert last["replies-ok"] == 4 and last["projection-residual"] > 0
+    assert np.isfinite(last["return-mean"])
+
+
+def test_a_failing_client_is_counted_and_the_round_goes_on(tmp_path):
+    empty = tmp_path / "no-shards"
+    empty.mkdir()
+    _, _, results = _run(tmp_path, num_server_rounds=2,
+                         node_configs=[{}, {"data-dir": str(empty)}, {}, {}])
+    for row in results["rounds"]:
+        assert (row["replies-ok"], row["replies-failed"]) == (3, 1)
+        assert np.isfinite(row["return-mean"])
+
+
+def test_same_seed_same_results(tmp_path):
+    a = _run(tmp_path / "a", num_server_rounds=2, seed=5)[2]["rounds"]
+    b = _run(tmp_path / "b", num_server_rounds=2, seed=5)[2]["rounds"]
+    strip = [{k: v for k, v in r.items() if k != "wall-time-s"} for r in a]
+    assert strip == [{k: v for k, v in r.items() if k != "wall-time-s"} for r in b]
+
+
+def test_learner_compiles_a_teacher_in_its_span():
+    spec = get_spec("CartPole-v1")
+    shard = client_shard("CartPole-v1", "iid", 0, 2, 2, seed=0)
+    encoder = heterogeneous_encoder_params(0, 0, 1.0).build(spec.obs_bound)  # D = 500
+    learner = FQILearner(shard, encoder, spec.n_actions, ridge=1e-8)
+    anchors = np.random.default_rng(0).uniform(-1, 1, (200, 4)) * spec.obs_bound
+    teacher = encoder.transform(anchors) @ np.random.default_rng(1).normal(size=(500, 2))
+    residual = learner.compile(anchors, teacher)
+    assert residual < 1e-4 * np.linalg.norm(teacher)
+    np.testing.assert_allclose(learner.q_values(anchors), teacher, atol=1e-4)
+    with pytest.raises(ValueError, match="shape"):
+        learner.readout = np.zeros((3, 2))
