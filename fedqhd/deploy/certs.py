@@ -1,0 +1,174 @@
+"""Credentials for a deployment: a private CA, the SuperLink's TLS certificate,
+SuperNode authentication keys and SuperExec shared secrets.
+
+Made with the ``cryptography`` package (a Flower dependency) so that the
+launcher, CI and the compose ``certs`` service need no ``openssl`` binary.
+Layout under ``out`` (one folder per service: the launcher and ``docker-compose.yml``
+mount each service's folder only)::
+
+    ca/ca.crt, ca/ca.key            private CA (keep ca.key off every service)
+    superlink/ca.crt, server.pem, server.key
+    superlink/superexec.secret      SuperLink <-> ServerApp SuperExec HMAC secret
+    superexec-serverapp/ca.crt, superexec.secret   (the same secret)
+    supernode-<i>/ca.crt            what SuperNode i needs to verify the SuperLink
+    supernode-<i>/supernode.key     its ECDSA P-384 private key (OpenSSH format)
+    supernode-<i>/supernode.pub     the public key the operator registers
+    supernode-<i>/superexec.secret  SuperNode i <-> its SuperExec HMAC secret
+    public/ca.crt, public/supernode-<i>.pub   for the operator (``flwr supernode register``)
+
+Existing files are kept: rerunning with a larger ``num_supernodes`` only adds keys.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+#: names every server certificate carries: loopback, and the compose service name
+DEFAULT_SANS = ("localhost", "127.0.0.1", "superlink")
+
+_PEM = serialization.Encoding.PEM
+
+
+def _write(path: Path, data: bytes, private: bool = False) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    os.chmod(path, 0o600 if private else 0o644)
+    return path
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(_PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedqhd"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _san(names: Iterable[str]) -> x509.SubjectAlternativeName:
+    entries: list[x509.GeneralName] = []
+    for name in dict.fromkeys(names):  # keep order, drop duplicates
+        try:
+            entries.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            entries.append(x509.DNSName(name))
+    return x509.SubjectAlternativeName(entries)
+
+
+def make_ca(out: Path, days: int = 365) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A self-signed CA (``ca/ca.crt``, ``ca/ca.key``) that only signs the SuperLink."""
+    key = ec.generate_private_key(ec.SECP384R1())
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder()
+            .subject_name(_name("fedqhd deployment CA")).issuer_name(_name("fedqhd deployment CA"))
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
+                                         False), critical=True)
+            .sign(key, hashes.SHA384()))
+    _write(out / "ca" / "ca.crt", cert.public_bytes(_PEM))
+    _write(out / "ca" / "ca.key", _key_pem(key), private=True)
+    return key, cert
+
+
+def make_server_cert(out: Path, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate,
+                     sans: Iterable[str] = DEFAULT_SANS, days: int = 365) -> Path:
+    """The SuperLink's certificate, valid for every name in ``sans`` (IPs or DNS names)."""
+    key = ec.generate_private_key(ec.SECP384R1())
+    names = list(dict.fromkeys([*DEFAULT_SANS, *sans]))
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder()
+            .subject_name(_name(names[0])).issuer_name(ca_cert.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_san(names), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA384()))
+    folder = out / "superlink"
+    _write(folder / "ca.crt", ca_cert.public_bytes(_PEM))
+    _write(folder / "server.key", _key_pem(key), private=True)
+    return _write(folder / "server.pem", cert.public_bytes(_PEM))
+
+
+def make_supernode_key(folder: Path, comment: str = "") -> tuple[Path, Path]:
+    """An ECDSA P-384 key pair in OpenSSH format (what ``flwr supernode register`` and
+    ``--auth-supernode-private-key`` take); returns (private, public) paths."""
+    key = ec.generate_private_key(ec.SECP384R1())
+    private = key.private_bytes(_PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                           serialization.PublicFormat.OpenSSH)
+    if comment:
+        public += b" " + comment.encode()
+    return (_write(folder / "supernode.key", private, private=True),
+            _write(folder / "supernode.pub", public + b"\n"))
+
+
+def make_secret(path: Path) -> Path:
+    """A random SuperExec shared secret (HMAC key; the file is read as raw bytes)."""
+    return _write(path, secrets.token_hex(32).encode(), private=True)
+
+
+def _load_ca(root: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate] | None:
+    key_path, cert_path = root / "ca" / "ca.key", root / "ca" / "ca.crt"
+    if not (key_path.is_file() and cert_path.is_file()):
+        return None
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{key_path}: not an EC key")
+    return key, x509.load_pem_x509_certificate(cert_path.read_bytes())
+
+
+def make_credentials(out: str | os.PathLike[str], num_supernodes: int,
+                     sans: Iterable[str] = (), days: int = 365, owner: int | None = None
+                     ) -> Path:
+    """Everything a deployment of ``num_supernodes`` SuperNodes needs, under ``out``.
+
+    SuperNode folders are numbered from 1 (as compose services); SuperNode ``i`` reads
+    partition ``i - 1``. What exists is kept, so scaling up adds keys without
+    invalidating the registered ones. ``owner`` (a uid) chowns the files, e.g. to the
+    ``app`` user (49999) of Flower's images when the compose ``certs`` service runs as
+    root.
+    """
+    if num_supernodes < 1:
+        raise ValueError("num_supernodes must be >= 1")
+    root = Path(out)
+    loaded = _load_ca(root)
+    ca_key, ca_cert = loaded if loaded else make_ca(root, days)
+    ca_pem = ca_cert.public_bytes(_PEM)
+    if not (root / "superlink" / "server.pem").is_file():
+        make_server_cert(root, ca_key, ca_cert, sans, days)
+    secret = root / "superlink" / "superexec.secret"
+    if not secret.is_file():
+        make_secret(secret)
+    _write(root / "superexec-serverapp" / "ca.crt", ca_pem)
+    _write(root / "superexec-serverapp" / "superexec.secret", secret.read_bytes(), private=True)
+    _write(root / "public" / "ca.crt", ca_pem)
+    for i in range(1, num_supernodes + 1):
+        folder = root / f"supernode-{i}"
+        _write(folder / "ca.crt", ca_pem)
+        if not (folder / "supernode.key").is_file():
+            make_supernode_key(folder, f"supernode-{i}")
+        _write(root / "public" / f"supernode-{i}.pub", (folder / "supernode.pub").read_bytes())
+        if not (folder / "superexec.secret").is_file():
+            make_secret(folder / "superexec.secret")
+    if owner is not None:
+        for path in [root, *root.rglob("*")]:
+            os.chown(path, owner, owner)
+    return root

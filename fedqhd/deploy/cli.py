@@ -1,0 +1,155 @@
+"""``fedqhd deploy``: credentials, the compose file, and the deployment as local processes.
+
+``fedqhd deploy certs --out DIR`` makes the CA, the SuperLink certificate, SuperNode
+keys and SuperExec secrets (what the compose ``certs`` service runs);
+``fedqhd deploy compose -n N`` writes ``docker-compose.yml`` for N SuperNodes;
+``fedqhd deploy local`` starts SuperLink, SuperExecs and SuperNodes on loopback,
+runs ``flwr run`` once (or serves until Ctrl-C with ``--serve``) and stops them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``deploy`` command (``certs``, ``compose``, ``local``) to ``fedqhd``."""
+    deploy = subparsers.add_parser(
+        "deploy", help="deployment: credentials, docker-compose.yml, local multi-process run")
+    sub = deploy.add_subparsers(dest="deploy_command", required=True)
+
+    certs = sub.add_parser("certs", help="CA + SuperLink TLS cert, SuperNode keys, secrets")
+    certs.add_argument("--out", required=True, type=Path)
+    certs.add_argument("-n", "--num-supernodes", type=int, default=3)
+    certs.add_argument("--san", action="append", default=[],
+                       help="extra host name or IP of the SuperLink (repeatable)")
+    certs.add_argument("--days", type=int, default=365)
+    certs.add_argument("--owner", type=int, default=None,
+                       help="chown everything to this uid/gid (compose: Flower's app user)")
+    certs.add_argument("--chown", action="append", type=Path, default=[],
+                       help="with --owner: also chown this folder and what is in it "
+                            "(compose: volumes the services write to)")
+    certs.set_defaults(func=cmd_certs)
+
+    compose = sub.add_parser("compose", help="write docker-compose.yml for N SuperNodes")
+    compose.add_argument("-n", "--num-supernodes", type=int, default=3)
+    compose.add_argument("--out", type=Path, default=Path("docker-compose.yml"),
+                         help="output file ('-' for stdout)")
+    compose.set_defaults(func=cmd_compose)
+
+    local = sub.add_parser(
+        "local", help="SuperLink + SuperExecs + SuperNodes as local processes, then flwr run")
+    local.add_argument("-n", "--num-supernodes", type=int, default=3)
+    local.add_argument("--workdir", type=Path, default=None,
+                       help="credentials, logs, state, results (default: a temp folder)")
+    local.add_argument("--shards", type=Path, default=None,
+                       help="folder of shard-<i>.npz (default: generated into the workdir)")
+    local.add_argument("--env", default="CartPole-v1", help="environment of generated shards")
+    local.add_argument("--episodes", type=int, default=5, help="episodes per generated shard")
+    local.add_argument("--rounds", type=int, default=None, help="num-server-rounds")
+    local.add_argument("--run-config", default="",
+                       help="extra run config as 'k1=v1 k2=v2' (TOML values)")
+    local.add_argument("--app", type=Path, default=None, help="Flower app folder")
+    local.add_argument("--serve", action="store_true",
+                       help="start, print how to connect, and run until Ctrl-C")
+    local.add_argument("--timeout", type=float, default=1800.0, help="seconds for the run")
+    local.set_defaults(func=cmd_local)
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from fedqhd.deploy.certs import make_credentials
+
+    make_credentials(args.out, args.num_supernodes, args.san, args.days, args.owner)
+    if args.owner is not None:
+        for folder in args.chown:
+            for path in [folder, *folder.rglob("*")]:
+                os.chown(path, args.owner, args.owner)
+    print(f"credentials for a SuperLink and {args.num_supernodes} SuperNodes in {args.out} "
+          "(existing files kept)")
+    return 0
+
+
+def cmd_compose(args: argparse.Namespace) -> int:
+    from fedqhd.deploy.compose import render_compose
+
+    text = render_compose(args.num_supernodes)
+    if str(args.out) == "-":
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text)
+        print(f"wrote {args.out} with {args.num_supernodes} SuperNodes")
+    return 0
+
+
+def _parse_run_config(text: str) -> dict[str, object]:
+    """'k1=v1 k2="a b"' -> dict, values parsed as TOML (as ``flwr run --run-config``)."""
+    import shlex
+    import tomllib
+
+    out: dict[str, object] = {}
+    for item in shlex.split(text, posix=False):
+        key, _, value = item.partition("=")
+        out[key] = tomllib.loads(f"v = {value}")["v"]
+    return out
+
+
+def generate_shards(out: Path, num_partitions: int, env: str, episodes: int) -> Path:
+    """``fedqhd data generate`` into ``out`` (the compose ``data`` service's command)."""
+    if not (out / "shard-0.npz").exists():
+        subprocess.run([sys.executable, "-m", "fedqhd.cli", "data", "generate", "--env", env,
+                        "--num-partitions", str(num_partitions), "--episodes", str(episodes),
+                        "--seed", "0", "--out", str(out)], check=True)
+    return out
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    from fedqhd.deploy.launcher import (
+        CONNECTION,
+        DeploymentError,
+        LocalDeployment,
+        interrupts_as_exceptions,
+    )
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fedqhd-deploy-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    run_config = _parse_run_config(args.run_config)
+    if args.rounds is not None:
+        run_config["num-server-rounds"] = args.rounds
+    started = time.monotonic()
+    with interrupts_as_exceptions():
+        try:
+            shards = args.shards or generate_shards(workdir / "shards", args.num_supernodes,
+                                                    args.env, args.episodes)
+            with LocalDeployment(workdir, args.num_supernodes, shards_dir=shards,
+                                 app_dir=args.app) as dep:
+                print(f"up in {time.monotonic() - started:.1f}s: SuperLink {dep.address} "
+                      f"(TLS, SuperNode auth), {args.num_supernodes} SuperNodes; "
+                      f"logs in {dep.logs}", flush=True)
+                if args.serve:
+                    print("connect with:\n"
+                          f"  FLWR_HOME={dep.flwr_home} "
+                          f"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 "
+                          f"flwr run {dep.app_dir} {CONNECTION} --stream\n"
+                          "Ctrl-C stops every process.", flush=True)
+                    while True:
+                        time.sleep(3600)
+                results = dep.run(run_config, timeout_s=args.timeout)
+                final = json.loads(results.read_text())["final"]
+                print(f"results: {results}\nfinal: {json.dumps(final)}\n"
+                      f"total {time.monotonic() - started:.1f}s", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted: every process stopped", file=sys.stderr)
+            return 130
+        except DeploymentError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    return 0

@@ -1,0 +1,481 @@
+"""The docker-compose deployment as local processes on loopback.
+
+Starts what ``docker-compose.yml`` starts, with the same flags, certificates and
+keys: a SuperLink (TLS, SuperNode authentication), a SuperExec for the ServerApp,
+and N SuperNodes, each with its own SuperExec (``--isolation process``) and its own
+shard folder. Every process runs in its own process group and is stopped by that
+group's id, also on failure and on Ctrl-C: nothing is ever killed by name, and
+nothing outlives :meth:`LocalDeployment.stop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from fedqhd.deploy.certs import make_credentials
+
+#: connection name written to the private ``$FLWR_HOME/config.toml``
+CONNECTION = "fedqhd-local"
+
+#: the environment every Flower process gets: no per-run ``uv sync``, no update checks
+BASE_ENV = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+class DeploymentError(RuntimeError):
+    """A service did not come up, a command failed, or a run did not finish."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def find_app_dir(start: Path | None = None) -> Path:
+    """The Flower app folder (a ``pyproject.toml`` with ``[tool.flwr.app]``): this
+    checkout's root, else the current folder or one above it."""
+    candidates = [Path(__file__).resolve().parents[2]]
+    here = (start or Path.cwd()).resolve()
+    candidates += [here, *here.parents]
+    for folder in candidates:
+        pyproject = folder / "pyproject.toml"
+        if pyproject.is_file() and "[tool.flwr.app]" in pyproject.read_text():
+            return folder
+    raise DeploymentError("no Flower app found: pass the folder holding pyproject.toml")
+
+
+def _bin(name: str) -> str:
+    """A console script of this interpreter's environment (works without activating it)."""
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if not found:
+        raise DeploymentError(f"{name} not found next to {sys.executable} or on PATH")
+    return found
+
+
+@dataclass
+class Service:
+    """One started process (and its process group, which its children inherit)."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    log_file: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pgid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def stop_group(pgid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM a process group, then SIGKILL what is left after ``grace_s``."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            with contextlib.suppress(ChildProcessError):  # reap the leader if it is ours
+                os.waitpid(pgid, os.WNOHANG)
+            time.sleep(0.05)
+
+
+class LocalDeployment:
+    """SuperLink + SuperExecs + N SuperNodes on loopback, as ``docker-compose.yml``.
+
+    Use as a context manager (or call :meth:`start` and, in a ``finally``,
+    :meth:`stop`)::
+
+        with LocalDeployment(workdir, shards_dir=shards) as dep:
+            results = dep.run({"num-server-rounds": 2})
+
+    Parameters
+    ----------
+    workdir : path
+        Everything goes here: credentials, per-node shard folders, logs, the
+        SuperLink state, a private ``FLWR_HOME`` and (by default) results.
+    num_supernodes : int
+        SuperNode ``i`` (1-based) gets partition ``i - 1`` of ``num_supernodes``.
+    shards_dir : path or None
+        A folder of ``shard-<i>.npz`` (``fedqhd data generate``); each SuperNode gets
+        a copy of its own shard only, in ``workdir/node-data/supernode-<i>``. None:
+        every client generates its shard (node config without ``data-dir``).
+    tls, auth : bool
+        TLS on the SuperLink (private CA) and SuperNode authentication with
+        registered keys; both on by default, as in the compose file.
+    server_env : mapping
+        Extra environment for the SuperLink and the ServerApp's SuperExec (and so
+        the ServerApp), e.g. ``PYTHONPATH`` for an audit hook.
+    """
+
+    def __init__(self, workdir: str | os.PathLike[str], num_supernodes: int = 3,
+                 shards_dir: str | os.PathLike[str] | None = None,
+                 app_dir: str | os.PathLike[str] | None = None, tls: bool = True,
+                 auth: bool = True, server_env: Mapping[str, str] | None = None,
+                 startup_timeout_s: float = 60.0) -> None:
+        if num_supernodes < 1:
+            raise ValueError("num_supernodes must be >= 1")
+        self.workdir = Path(workdir).resolve()
+        self.num_supernodes = num_supernodes
+        self.shards_dir = Path(shards_dir).resolve() if shards_dir else None
+        self.app_dir = Path(app_dir).resolve() if app_dir else find_app_dir()
+        self.tls, self.auth = tls, auth
+        self.server_env = dict(server_env or {})
+        self.startup_timeout_s = startup_timeout_s
+        self.creds = self.workdir / "credentials"
+        self.logs = self.workdir / "logs"
+        self.flwr_home = self.workdir / "flwr-home"
+        self.output_dir = self.workdir / "outputs"
+        self.superlink_port = 0
+        self.supernode_ports: dict[int, int] = {}
+        self.services: dict[str, Service] = {}
+        self._run_started = 0.0
+
+    # ---- life cycle -------------------------------------------------------
+
+    def __enter__(self) -> LocalDeployment:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Credentials, shard folders, SuperLink, key registration, SuperExecs,
+        SuperNodes; returns once every SuperNode is online."""
+        for folder in (self.logs, self.flwr_home, self.output_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        make_credentials(self.creds, self.num_supernodes)
+        self._prepare_node_data()
+        self.superlink_port = free_port()
+        self.supernode_ports = {i: free_port() for i in self.node_ids}
+        self.write_flwr_config()
+        self.start_superlink()
+        if self.auth:
+            for i in self.node_ids:
+                self.register(self.creds / "public" / f"supernode-{i}.pub")
+        self.start_server_superexec()
+        for i in self.node_ids:
+            self.start_supernode(i)
+        self.wait_nodes_online(self.num_supernodes)
+
+    def stop(self) -> None:
+        """Stop every process group this deployment started (reverse start order)."""
+        for service in reversed(list(self.services.values())):
+            self._stop_service(service)
+
+    @property
+    def node_ids(self) -> range:
+        return range(1, self.num_supernodes + 1)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.superlink_port}"
+
+    # ---- processes --------------------------------------------------------
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
+        env.update(BASE_ENV)
+        env["FLWR_HOME"] = str(self.flwr_home)
+        env.update(extra or {})
+        return env
+
+    def spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None,
+              cwd: Path | None = None) -> Service:
+        """Start ``argv`` in a new session (own process group), logging to ``logs/``."""
+        if name in self.services and self.services[name].alive():
+            raise DeploymentError(f"{name} is already running")
+        log_path = self.logs / f"{name}.log"
+        log_file = open(log_path, "ab")  # noqa: SIM115 - closed in _stop_service
+        log_file.write(f"\n$ {' '.join(argv)}\n".encode())
+        log_file.flush()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file,
+                                stderr=subprocess.STDOUT, env=self.env(env),
+                                cwd=str(cwd or self.workdir), start_new_session=True)
+        service = Service(name, argv, log_path, proc, log_file)
+        self.services[name] = service
+        return service
+
+    def _stop_service(self, service: Service, sig: signal.Signals | None = None) -> None:
+        if service.proc is not None:
+            if sig is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(service.proc.pid, sig)
+            stop_group(service.proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                service.proc.wait(timeout=5)
+        if service.log_file is not None and not service.log_file.closed:
+            service.log_file.close()
+
+    def _tls_args(self, ca: Path, flag: str = "--root-certificates") -> list[str]:
+        return [flag, str(ca)] if self.tls else ["--insecure"]
+
+    def start_superlink(self) -> Service:
+        sl = self.creds / "superlink"
+        argv = [_bin("flower-superlink"), "--isolation", "process",
+                 "--host", "127.0.0.1", "--port", str(self.superlink_port),
+                 "--database", str(self.workdir / "state.db"),
+                 "--superexec-auth-secret-file", str(sl / "superexec.secret"),
+                 "--disable-runtime-dependency-installation"]
+        if self.tls:
+            argv += ["--ssl-ca-certfile", str(sl / "ca.crt"), "--ssl-certfile",
+                     str(sl / "server.pem"), "--ssl-keyfile", str(sl / "server.key")]
+        else:
+            argv += ["--insecure"]
+        if self.auth:
+            argv += ["--enable-supernode-auth"]
+        service = self.spawn("superlink", argv, self.server_env)
+        self.wait_healthy(service)
+        return service
+
+    def start_server_superexec(self) -> Service:
+        sl = self.creds / "superexec-serverapp"
+        argv = [_bin("flower-superexec"), "--runtime-api-address", self.address,
+                *self._tls_args(sl / "ca.crt"),
+                "--superexec-auth-secret-file", str(sl / "superexec.secret")]
+        return self.spawn("superexec-serverapp", argv, self.server_env,
+                          cwd=self.workdir / "serverapp")
+
+    def supernode_argv(self, i: int, key: Path | None = None) -> list[str]:
+        """SuperNode ``i``'s command line (``key``: another private key, for tests)."""
+        node = self.creds / f"supernode-{i}"
+        node_config = f"partition-id={i - 1} num-partitions={self.num_supernodes}"
+        if self.shards_dir is not None:
+            node_config += f' data-dir="{self.node_data(i)}"'
+        argv = [_bin("flower-supernode"), "--superlink", self.address,
+                *self._tls_args(node / "ca.crt"),
+                "--isolation", "process", "--host", "127.0.0.1",
+                "--port", str(self.supernode_ports[i]), "--node-config", node_config,
+                "--superexec-auth-secret-file", str(node / "superexec.secret"),
+                "--max-retries", "3"]
+        if self.auth:
+            argv += ["--auth-supernode-private-key", str(key or node / "supernode.key")]
+        return argv
+
+    def start_supernode(self, i: int) -> tuple[Service, Service]:
+        """SuperNode ``i`` and its ClientApp SuperExec (running in its shard folder)."""
+        node = self.creds / f"supernode-{i}"
+        supernode = self.spawn(f"supernode-{i}", self.supernode_argv(i))
+        superexec = self.spawn(
+            f"superexec-clientapp-{i}",
+            [_bin("flower-superexec"), "--runtime-api-address",
+             f"127.0.0.1:{self.supernode_ports[i]}", "--insecure",
+             "--superexec-auth-secret-file", str(node / "superexec.secret")],
+            cwd=self.node_data(i) if self.shards_dir is not None else self.workdir)
+        return supernode, superexec
+
+    def kill_supernode(self, i: int, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Crash SuperNode ``i`` (and its SuperExec and running ClientApp): ``sig`` to
+        both process groups, as a machine that dies would."""
+        for name in (f"supernode-{i}", f"superexec-clientapp-{i}"):
+            self._stop_service(self.services[name], sig)
+
+    # ---- files ------------------------------------------------------------
+
+    def node_data(self, i: int) -> Path:
+        return self.workdir / "node-data" / f"supernode-{i}"
+
+    def _prepare_node_data(self) -> None:
+        (self.workdir / "serverapp").mkdir(parents=True, exist_ok=True)
+        if self.shards_dir is None:
+            return
+        for i in self.node_ids:
+            name = f"shard-{i - 1}.npz"
+            src = self.shards_dir / name
+            if not src.is_file():
+                raise DeploymentError(f"{src} missing: run `fedqhd data generate "
+                                      f"--num-partitions {self.num_supernodes} --out ...`")
+            self.node_data(i).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, self.node_data(i) / name)
+
+    def write_flwr_config(self) -> Path:
+        """The private ``$FLWR_HOME/config.toml`` with one connection to this SuperLink."""
+        lines = ["[superlink]", f'default = "{CONNECTION}"', "",
+                 f"[superlink.{CONNECTION}]", f'address = "{self.address}"']
+        if self.tls:
+            lines.append(f'root-certificates = "{self.creds / "ca" / "ca.crt"}"')
+        else:
+            lines.append("insecure = true")
+        path = self.flwr_home / "config.toml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    # ---- readiness --------------------------------------------------------
+
+    def wait_healthy(self, service: Service) -> None:
+        """Wait until the SuperLink answers ``GET /health`` (over TLS, verified)."""
+        import httpx
+
+        scheme = "https" if self.tls else "http"
+        verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=str(self.creds / "ca" / "ca.crt"))
+            if self.tls else False)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if not service.alive():
+                raise DeploymentError(f"{service.name} exited:\n{service.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                url = f"{scheme}://{self.address}/health"
+                if httpx.get(url, verify=verify, timeout=2).status_code == 200:
+                    return
+            time.sleep(0.3)
+        raise DeploymentError(f"{service.name} not healthy after {self.startup_timeout_s}s:\n"
+                              f"{service.log_tail()}")
+
+    def flwr(self, *args: str, timeout_s: float = 60.0, check: bool = True
+             ) -> subprocess.CompletedProcess[str]:
+        """Run a ``flwr`` CLI command against this SuperLink (private ``FLWR_HOME``),
+        in its own process group so that a timeout stops all of it."""
+        proc = subprocess.Popen([_bin("flwr"), *args], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=self.env({"COLUMNS": "200"}), cwd=str(self.workdir),
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except BaseException:
+            stop_group(proc.pid)
+            proc.communicate()
+            raise
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        if check and done.returncode != 0:
+            raise DeploymentError(f"flwr {' '.join(args)} failed ({done.returncode}):\n"
+                                  f"{out[-3000:]}\n{err[-3000:]}")
+        return done
+
+    def register(self, public_key: Path) -> None:
+        """``flwr supernode register``: allow the SuperNode holding this key to join."""
+        self.flwr("supernode", "register", str(public_key), CONNECTION)
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """``flwr supernode list --format json``: the SuperLink's view of the nodes."""
+        out = self.flwr("supernode", "list", CONNECTION, "--format", "json").stdout
+        payload = json.loads(out[out.index("{"):])
+        return list(payload.get("nodes", []))
+
+    def online_nodes(self) -> list[dict[str, Any]]:
+        return [n for n in self.list_nodes() if str(n.get("status", "")).lower() == "online"]
+
+    def wait_nodes_online(self, count: int, timeout_s: float | None = None) -> None:
+        """Wait until at least ``count`` SuperNodes are online at the SuperLink."""
+        deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
+        while time.monotonic() < deadline:
+            for name, service in self.services.items():
+                if name.startswith("super") and not service.alive() and \
+                        service.proc is not None and service.proc.returncode is not None \
+                        and name not in self._expected_dead():
+                    raise DeploymentError(f"{name} exited ({service.proc.returncode}):\n"
+                                          f"{service.log_tail()}")
+            if len(self.online_nodes()) >= count:
+                return
+            time.sleep(0.5)
+        raise DeploymentError(f"fewer than {count} SuperNodes online after the timeout: "
+                              f"{self.list_nodes()}")
+
+    def _expected_dead(self) -> set[str]:
+        return {name for name, s in self.services.items()
+                if s.proc is not None and s.proc.returncode is not None
+                and s.proc.returncode < 0}  # killed on purpose (by a signal)
+
+    # ---- runs -------------------------------------------------------------
+
+    def run_command(self, run_config: Mapping[str, Any] | None = None) -> list[str]:
+        cfg = {"output-dir": str(self.output_dir), **(run_config or {})}
+        overrides = " ".join(f"{k}={_toml_value(v)}" for k, v in cfg.items())
+        return [_bin("flwr"), "run", str(self.app_dir), CONNECTION, "--stream",
+                "--run-config", overrides]
+
+    def submit(self, run_config: Mapping[str, Any] | None = None) -> Service:
+        """Start ``flwr run --stream`` in the background (see :meth:`wait_run`)."""
+        self._run_started = time.time()
+        return self.spawn("flwr-run", self.run_command(run_config), cwd=self.app_dir)
+
+    def wait_run(self, service: Service, timeout_s: float = 600.0) -> Path:
+        """Wait for ``flwr run`` to end; returns the new ``results.json``."""
+        assert service.proc is not None
+        try:
+            service.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            self._stop_service(service)
+            raise DeploymentError(f"flwr run did not finish in {timeout_s}s:\n"
+                                  f"{service.log_tail()}") from exc
+        if service.proc.returncode != 0:
+            raise DeploymentError(f"flwr run failed ({service.proc.returncode}):\n"
+                                  f"{service.log_tail()}")
+        results = self.latest_results()
+        if results is None or "final" not in json.loads(results.read_text()):
+            raise DeploymentError(f"flwr run ended without a final results.json:\n"
+                                  f"{service.log_tail()}")
+        return results
+
+    def run(self, run_config: Mapping[str, Any] | None = None,
+            timeout_s: float = 600.0) -> Path:
+        """``flwr run`` against this deployment; returns its ``results.json``."""
+        return self.wait_run(self.submit(run_config), timeout_s)
+
+    def latest_results(self) -> Path | None:
+        """The newest ``results.json`` written since the last :meth:`submit`."""
+        since = self._run_started - 1.0
+        found = [p for p in self.output_dir.glob("*/*/results.json")
+                 if p.stat().st_mtime >= since]
+        return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))
+
+
+@contextlib.contextmanager
+def interrupts_as_exceptions() -> Iterator[None]:
+    """Turn SIGTERM/SIGHUP into KeyboardInterrupt, so ``finally`` blocks (and so
+    :meth:`LocalDeployment.stop`) run when the launcher itself is told to stop."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
