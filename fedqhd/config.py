@@ -15,10 +15,15 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from fedqhd.envs import ENV_IDS
+from fedqhd.envs.inventory import ENV_ID as INVENTORY_ENV_ID
+from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
 
 PARTITIONS = ("iid", "behaviour-skew", "dynamics-skew")
 ENCODERS = ("shared", "heterogeneous")
-LEARNERS = ("fqi",)
+LEARNERS = ("fqi", "pool")
+POOL_ENV_IDS = (INVENTORY_ENV_ID,)  #: tasks of the pool learner (fqi takes ENV_IDS)
+POOL_NOISES = ("numpy", "opendp", "none")
+POOL_DEMANDS = ("uniform", "bike")
 STRATEGIES = ("auto", "avg", "anchor")
 WEIGHTINGS = ("transitions", "uniform")
 ANCHOR_SOURCES = ("rollouts", "uniform", "file")
@@ -57,8 +62,8 @@ class RunConfig:
                                                 "seeds data, encoders, anchors, sampling"))
     num_server_rounds: int = field(default=5, metadata=_key(_int_range(1, 100_000),
                                                             "federated rounds"))
-    env_id: str = field(default="CartPole-v1", metadata=_key(_choice(ENV_IDS),
-                                                             "gymnasium task"))
+    env_id: str = field(default="CartPole-v1", metadata=_key(
+        _choice(ENV_IDS + POOL_ENV_IDS), "gymnasium task (pool: the inventory)"))
     data_dir: str = field(default="", metadata=_key(lambda v: None,
                                                     "shard folder; empty: generate"))
     partition: str = field(default="behaviour-skew",
@@ -75,7 +80,8 @@ class RunConfig:
                                                     "D of the shared encoder"))
     bandwidth: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e6, lo_open=True),
                                                         "RBF gamma (base gamma if heterogeneous)"))
-    learner: str = field(default="fqi", metadata=_key(_choice(LEARNERS), "local learner"))
+    learner: str = field(default="fqi", metadata=_key(_choice(LEARNERS),
+                                                      "local learner: fqi or pool (private)"))
     gamma: float = field(default=0.99, metadata=_key(_float_range(0.0, 1.0, hi_open=True),
                                                      "discount"))
     ridge: float = field(default=0.1, metadata=_key(_float_range(0.0, 1e9, lo_open=True),
@@ -102,6 +108,39 @@ class RunConfig:
         lambda v: None if v else "a folder path", "results go to <output-dir>/<date>/<time>/"))
     eval_episodes: int = field(default=10, metadata=_key(_int_range(1, 100_000),
                                                          "greedy episodes per evaluation"))
+    # ---- pool learner (learner = "pool", env-id = fedqhd/Inventory-v0) ----
+    pool_rho: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e6, lo_open=True),
+                                                       "zCDP rho of a client's one release "
+                                                       "(node config 'rho' overrides)"))
+    pool_rho_budget: float = field(default=10.0, metadata=_key(
+        _float_range(0.0, 1e6, lo_open=True), "a client's total rho budget "
+        "(node config 'rho-budget' overrides)"))
+    pool_delta: float = field(default=1e-5, metadata=_key(
+        _float_range(0.0, 1.0, lo_open=True, hi_open=True), "delta of epsilon and E_rho"))
+    pool_noise: str = field(default="numpy", metadata=_key(
+        _choice(POOL_NOISES), "numpy (seeded, NOT secure) | opendp | none "
+        "(node config 'noise' overrides)"))
+    non_private: bool = field(default=False, metadata=_key(
+        lambda v: None, "mark the run non-private: only then are noise-free clients accepted"))
+    pool_products: int = field(default=2, metadata=_key(_int_range(1, 8),
+                                                        "w products (w + d = 2w)"))
+    pool_horizon: int = field(default=7, metadata=_key(_int_range(1, 100), "H stages"))
+    pool_dynamics: str = field(default="lost_sales", metadata=_key(
+        _choice(INVENTORY_DYNAMICS), "inventory dynamics"))
+    pool_demand: str = field(default="uniform", metadata=_key(_choice(POOL_DEMANDS),
+                                                              "demand: U[0, D_max] or bike"))
+    pool_trajectories: int = field(default=1000, metadata=_key(
+        _int_range(1, 10_000_000), "trajectories in a client's shard"))
+    pool_zones: int = field(default=50, metadata=_key(_int_range(1, 100_000),
+                                                      "M norm zones"))
+    pool_cells: int = field(default=20, metadata=_key(_int_range(1, 100_000),
+                                                      "next-state cells"))
+    pool_lambda: float = field(default=1.0, metadata=_key(
+        _float_range(0.0, 1.0, lo_open=True), "observable boundary |lambda| per coordinate"))
+    pool_trust: float = field(default=1.0, metadata=_key(
+        _float_range(0.0, 1.0), "weight of the teacher in a client's policy"))
+    pool_eval_episodes: int = field(default=2000, metadata=_key(
+        _int_range(1, 10_000_000), "inventory episodes per evaluation (common random numbers)"))
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -116,6 +155,17 @@ class RunConfig:
         if self.strategy == "avg" and self.encoder != "shared":
             raise ConfigError("run-config key 'strategy' = 'avg' needs 'encoder' = 'shared': "
                               "readouts of different encoders cannot be averaged; use 'anchor'")
+        if self.learner == "pool":
+            if self.env_id not in POOL_ENV_IDS:
+                raise ConfigError(f"run-config key 'learner' = 'pool' needs 'env-id' in "
+                                  f"{list(POOL_ENV_IDS)}, got {self.env_id!r}")
+            if self.strategy == "avg":
+                raise ConfigError("run-config key 'learner' = 'pool' needs 'strategy' = "
+                                  "'anchor' or 'auto': POOL clients release values on anchors")
+        elif self.env_id not in ENV_IDS:
+            raise ConfigError(f"run-config key 'learner' = {self.learner!r} needs a classic "
+                              f"'env-id' ({', '.join(ENV_IDS)}); {self.env_id!r} is for "
+                              f"'learner' = 'pool'")
         if self.anchor_source == "file" and not self.anchor_file:
             raise ConfigError("run-config key 'anchor-file' must name a .npy file when "
                               "'anchor-source' = 'file'")
@@ -125,6 +175,8 @@ class RunConfig:
         """``avg`` or ``anchor`` after resolving ``auto``."""
         if self.strategy != "auto":
             return self.strategy
+        if self.learner == "pool":
+            return "anchor"
         return "avg" if self.encoder == "shared" else "anchor"
 
     @classmethod
@@ -158,6 +210,11 @@ def _kebab(name: str) -> str:
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
     """Accept what TOML and ``--run-config`` give (ints for floats); refuse the rest."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"run-config key '{key}' = {value!r} has type "
+                          f"{type(value).__name__}, expected bool (true or false)")
     if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if kind is int and isinstance(value, int) and not isinstance(value, bool):

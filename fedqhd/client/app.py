@@ -4,6 +4,9 @@ Only Q-function summaries leave the client: a readout (shared encoder) or
 Q-values on the server's anchor states (heterogeneous encoders). The shard is
 read from the node's data folder (node config ``data-dir``, else run config
 ``data-dir``) or generated deterministically from (seed, partition-id).
+
+With ``learner = "pool"`` the handlers dispatch to :mod:`fedqhd.client.pool_learner`
+(private inventory shard, one noisy release kept in ``context.state``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedqhd.client import pool_learner
 from fedqhd.client.learners import FQILearner, greedy_policy
 from fedqhd.config import RunConfig
 from fedqhd.data import Shard, client_shard
@@ -73,9 +77,12 @@ def _adopt_global(learner: FQILearner, arrays: dict[str, np.ndarray],
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """Adopt the global Q-function, run local FQI sweeps pulled toward it, reply."""
-    cfg, learner, _ = node_learner(context)
+    """Adopt the global Q-function, run local FQI sweeps pulled toward it, reply
+    (pool: reply the client's values on the anchors and its privacy ledger)."""
     arrays = C.from_array_record(msg.content[C.ARRAYS])
+    if (cfg := RunConfig.from_run_config(context.run_config)).learner == "pool":
+        return _reply(msg, *pool_learner.train_reply(context, cfg, arrays))
+    cfg, learner, _ = node_learner(context)
     metrics: dict[str, float] = {C.NUM_TRANSITIONS: learner.n_transitions}
     _adopt_global(learner, arrays, metrics)
     metrics.update(learner.train(cfg.local_iterations, start=learner.readout))
@@ -87,9 +94,12 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """Greedy return of the global Q-function as this client's features express it
-    (compiled teacher, or the shared readout), in this client's own environment."""
-    cfg, learner, shard = node_learner(context)
+    (compiled teacher, or the shared readout), in this client's own environment
+    (pool: gap of the client's own and of its teacher-informed policy)."""
     arrays = C.from_array_record(msg.content[C.ARRAYS])
+    if (cfg := RunConfig.from_run_config(context.run_config)).learner == "pool":
+        return _reply(msg, None, pool_learner.evaluate_metrics(context, cfg, arrays))
+    cfg, learner, shard = node_learner(context)
     metrics: dict[str, float] = {C.NUM_TRANSITIONS: learner.n_transitions}
     _adopt_global(learner, arrays, metrics)
     pid = int(context.node_config["partition-id"])

@@ -19,6 +19,8 @@ READOUT = "readout"      #: (D, |A|) readout of a shared encoder (FedQHDAvg, bot
 ANCHORS = "anchors"      #: (m, obs_dim) anchor states fixed by the server (FedQHDAnchor)
 TEACHER = "teacher"      #: (m, |A|) weighted mean of client Q-values on the anchors
 Q_ANCHORS = "q-anchors"  #: (m, |A|) one client's Q-values on the anchors (reply)
+# with learner = "pool" the anchors are (state, action) points (m, w + d) in [0, 1]^(w+d), and
+# TEACHER / Q_ANCHORS are (m, H): column h is the pessimistic Q_h at the point (scaled reward)
 
 # config keys (server -> client)
 SERVER_ROUND = "server-round"
@@ -32,6 +34,23 @@ RETURN_STD = "return-std"                    #: evaluate reply: std of greedy re
 REPLIES_OK = "replies-ok"                    #: round metric: replies aggregated
 REPLIES_FAILED = "replies-failed"            #: round metric: replies carrying an error
 REPLIES_REJECTED = "replies-rejected"        #: round metric: malformed replies left out
+
+# privacy metric keys (learner = "pool": every train reply carries its client's ledger)
+PARTITION_ID = "partition-id"    #: reply: the client's partition id (maps node ids to clients)
+PRIVATE = "private"              #: reply: 1 if the released values come from noisy counts, else 0
+RHO_SPENT = "rho-spent"          #: reply: zCDP rho the client has spent (ledger total)
+RHO_BUDGET = "rho-budget"        #: reply: the client's rho budget
+DELTA = "delta"                  #: reply: delta at which epsilon is reported
+EPSILON_CKS = "epsilon-cks"      #: reply: epsilon(delta) by the CKS zCDP conversion
+EPSILON_EXACT = "epsilon-exact"  #: reply: epsilon(delta) of the exact (analytic) Gaussian
+NOISE_SECURE = "noise-secure"    #: reply: 1 if the noise sampler is fit for real data
+NOISE_SIGMA = "noise-sigma"      #: reply: Gaussian noise scale of every released count
+REPLIES_REFUSED_NON_PRIVATE = "replies-refused-non-private"  #: round: non-private replies left out
+GAP = "gap-percent"              #: round: (c - c*) / c* * 100 of the federated policy
+COST = "cost"                    #: round: mean episode cost of the federated policy
+C_STAR = "c-star"                #: round: mean episode cost of the reference policy
+GAP_OWN = "gap-own-percent"      #: evaluate reply: gap of the client's own POOL policy (alone)
+GAP_INFORMED = "gap-informed-percent"  #: evaluate reply: gap of its teacher-informed policy
 
 
 def to_array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:

@@ -1,0 +1,148 @@
+"""POOL inside the federation: post-processing, refusal of noise-free clients, ledgers.
+
+Everything runs in process (real ServerApp logic and ClientApp, no Ray) at small
+sizes; the numbers of the study are in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Context, RecordDict
+
+from fedqhd.client import pool_learner as pl
+from fedqhd.client.app import app as client_app
+from fedqhd.config import ConfigError, RunConfig
+from fedqhd.envs.inventory import generate_dataset
+from fedqhd.pool import count_visits
+from fedqhd.privacy import BudgetExceededError
+from fedqhd.server.app import run_federation
+from fedqhd.server.inprocess import InProcessGrid
+from fedqhd.strategies import contract as C
+
+SMALL = {"learner": "pool", "env-id": "fedqhd/Inventory-v0", "num-server-rounds": 1,
+         "pool-trajectories": 300, "pool-eval-episodes": 300, "num-anchors": 300,
+         "anchor-source": "uniform", "min-nodes": 2}
+
+
+def _cfg(tmp_path: Path, **changes) -> RunConfig:
+    return RunConfig.from_run_config({**SMALL, "output-dir": str(tmp_path), **changes})
+
+
+def _run(cfg: RunConfig, node_configs: list[dict], client_run_config: dict | None = None
+         ) -> dict:
+    """One in-process federation; returns results.json."""
+    grid = InProcessGrid([client_app] * len(node_configs),
+                         run_config=client_run_config or cfg.to_run_config(),
+                         node_configs=node_configs)
+    _, out_dir = run_federation(grid, cfg)
+    return json.loads((out_dir / "results.json").read_text())
+
+
+def _context(cfg: RunConfig, pid: int) -> Context:
+    return Context(run_id=1, node_id=pid, node_config={"partition-id": pid, "num-partitions": 2},
+                   state=RecordDict(), run_config=cfg.to_run_config())
+
+
+class _FixedRelease:
+    """A 'noise source' whose output is a fixed release, whatever the input: the noise is
+    chosen per client so that both clients publish exactly the same noisy counts."""
+
+    secure, label = False, "fixed (test)"
+
+    def __init__(self, target: dict[tuple[int, ...], np.ndarray]) -> None:
+        self.target = target
+
+    def add_noise(self, values: np.ndarray, sigma: float) -> np.ndarray:
+        return self.target[np.shape(values)].copy()
+
+
+def test_release_depends_on_the_data_only_through_the_noisy_counts(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path)
+    model, (zones, cells) = pl.inventory_model(cfg), pl.zoning(cfg)
+    shards = [generate_dataset(model, 300, random_state=s) for s in (11, 12)]
+    raw = [count_visits(d.states, d.actions, zones, cells) for d in shards]
+    assert not np.array_equal(raw[0].n_sas, raw[1].n_sas)  # the private data differ
+    rng = np.random.default_rng(0)
+    target = {c.shape: np.maximum(c + rng.normal(0, 3.7, c.shape), 0)
+              for c in (raw[0].n_sa, raw[0].n_sas)}
+    monkeypatch.setattr(pl, "generate_dataset", lambda m, n, random_state: shards[
+        0 if random_state == pl._stream(cfg.seed, 0, 1) else 1])
+    monkeypatch.setattr(pl, "make_noise_source", lambda kind, random_state: _FixedRelease(target))
+    anchors = np.random.default_rng(1).random((200, 2 * cfg.pool_products))
+    contexts = [_context(cfg, pid) for pid in (0, 1)]
+    first = [pl.train_reply(ctx, cfg, {C.ANCHORS: anchors}) for ctx in contexts]
+    np.testing.assert_array_equal(first[0][0][C.Q_ANCHORS], first[1][0][C.Q_ANCHORS])
+    assert first[0][0][C.Q_ANCHORS].shape == (200, cfg.pool_horizon)
+    assert np.ptp(first[0][0][C.Q_ANCHORS]) > 0  # not trivially constant
+
+    # later rounds rebuild from the stored release, never from the data
+    monkeypatch.setattr(pl, "generate_dataset", lambda *a, **k: pytest.fail("data re-read"))
+    teacher = first[0][0][C.Q_ANCHORS]
+    again = pl.train_reply(contexts[1], cfg, {C.ANCHORS: anchors, C.TEACHER: teacher})
+    np.testing.assert_array_equal(again[0][C.Q_ANCHORS], first[1][0][C.Q_ANCHORS])
+    assert set(contexts[1].state.keys()) == {pl.STATE_COUNTS, pl.STATE_RELEASE}
+
+
+def test_noise_off_is_refused_at_the_client_unless_the_run_is_non_private(tmp_path):
+    cfg = _cfg(tmp_path)
+    with pytest.raises(pl.NonPrivateRefusedError, match="not marked non-private"):
+        pl.release(cfg, 0, pl.ClientPrivacy.of(cfg, {"noise": "none"}))
+    nodes = [{"noise": "none"}, {}, {}]
+    refused = _run(cfg, nodes)
+    assert all(r[C.REPLIES_FAILED] == 1 and r[C.REPLIES_OK] == 2 for r in refused["rounds"])
+    assert set(refused["final"]["privacy-ledgers"]) == {"1", "2"}
+
+    marked = _run(_cfg(tmp_path, **{"non-private": True}), nodes)
+    assert all(r[C.REPLIES_OK] == 3 for r in marked["rounds"])
+    exact = marked["final"]["privacy-ledgers"]["0"]
+    assert exact["private"] is False and exact["epsilon-cks"] is None
+
+
+def test_server_screens_out_non_private_replies_unless_the_run_is_non_private(tmp_path):
+    cfg = _cfg(tmp_path)  # the server's run: not marked non-private
+    clients_believe = {**cfg.to_run_config(), "non-private": True}  # a misconfigured client
+    data = _run(cfg, [{"noise": "none"}, {}, {}], client_run_config=clients_believe)
+    row = data["rounds"][0]
+    assert row[C.REPLIES_REFUSED_NON_PRIVATE] == 1 and row[C.REPLIES_OK] == 2
+    assert row[f"evaluate-{C.REPLIES_REFUSED_NON_PRIVATE}"] == 1  # its gaps are not used either
+    assert set(data["final"]["privacy-ledgers"]) == {"1", "2"}
+
+
+def test_every_client_ledger_is_in_results_and_budgets_are_enforced(tmp_path):
+    cfg = _cfg(tmp_path, **{"num-server-rounds": 2})
+    data = _run(cfg, [{}, {"rho": 4.0}, {"rho": 5.0, "rho-budget": 1.0}])
+    ledgers = data["final"]["privacy-ledgers"]
+    assert set(ledgers) == {"0", "1"}  # client 2 asked for more than its budget
+    assert ledgers["0"]["rho-spent"] == 1.0 and ledgers["1"]["rho-spent"] == 4.0
+    assert ledgers["0"]["epsilon-cks"] == pytest.approx(7.077, abs=1e-3)
+    assert ledgers["0"]["epsilon-exact"] == pytest.approx(6.573, abs=1e-3)
+    assert ledgers["1"]["epsilon-exact"] < ledgers["1"]["epsilon-cks"]
+    assert all(e["private"] and e["noise-secure"] == 0 for e in ledgers.values())
+    assert all(r[C.REPLIES_FAILED] == 1 for r in data["rounds"])
+    # rho is spent once, however many rounds
+    assert all(r[C.RHO_SPENT] == pytest.approx(2.5) for r in data["rounds"])
+    with pytest.raises(BudgetExceededError, match=r"rho=5 refused; spent 0 of budget 1"):
+        pl.release(cfg, 2, pl.ClientPrivacy.of(cfg, {"rho": 5.0, "rho-budget": 1.0}))
+
+
+def test_federated_pool_run_reports_a_finite_gap(tmp_path):
+    data = _run(_cfg(tmp_path, **{"num-server-rounds": 2}), [{}, {}])
+    for row in data["rounds"]:
+        assert math.isfinite(row[C.GAP]) and row[C.C_STAR] > 0
+        assert math.isfinite(row[C.GAP_OWN]) and math.isfinite(row[C.GAP_INFORMED])
+    assert data["final"]["gap-percent"] == data["rounds"][-1][C.GAP]
+    assert data["strategy"] == "anchor"
+
+
+def test_run_config_ties_learners_to_their_tasks():
+    with pytest.raises(ConfigError, match="'learner' = 'pool' needs 'env-id'"):
+        RunConfig.from_run_config({"learner": "pool"})
+    with pytest.raises(ConfigError, match="needs a classic 'env-id'"):
+        RunConfig.from_run_config({"env-id": "fedqhd/Inventory-v0"})
+    with pytest.raises(ConfigError, match="expected bool"):
+        RunConfig.from_run_config({"non-private": 1})
