@@ -10,6 +10,7 @@ nothing outlives :meth:`LocalDeployment.stop`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -180,6 +181,7 @@ class LocalDeployment:
     def start(self) -> None:
         """Credentials, shard folders, SuperLink, key registration, SuperExecs,
         SuperNodes; returns once every SuperNode is online."""
+        atexit.register(self.stop)  # also when the caller forgets (not on SIGKILL)
         for folder in (self.logs, self.flwr_home, self.output_dir):
             folder.mkdir(parents=True, exist_ok=True)
         make_credentials(self.creds, self.num_supernodes)
@@ -198,6 +200,7 @@ class LocalDeployment:
 
     def stop(self) -> None:
         """Stop every process group this deployment started (reverse start order)."""
+        atexit.unregister(self.stop)
         for service in reversed(list(self.services.values())):
             self._stop_service(service)
 
@@ -223,6 +226,7 @@ class LocalDeployment:
         """Start ``argv`` in a new session (own process group), logging to ``logs/``."""
         if name in self.services and self.services[name].alive():
             raise DeploymentError(f"{name} is already running")
+        self.logs.mkdir(parents=True, exist_ok=True)
         log_path = self.logs / f"{name}.log"
         log_file = open(log_path, "ab")  # noqa: SIM115 - closed in _stop_service
         log_file.write(f"\n$ {' '.join(argv)}\n".encode())
@@ -230,6 +234,7 @@ class LocalDeployment:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file,
                                 stderr=subprocess.STDOUT, env=self.env(env),
                                 cwd=str(cwd or self.workdir), start_new_session=True)
+        (self.logs / f"{name}.pgid").write_text(str(proc.pid))  # for operators and tests
         service = Service(name, argv, log_path, proc, log_file)
         self.services[name] = service
         return service

