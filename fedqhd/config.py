@@ -60,7 +60,7 @@ class RunConfig:
 
     seed: int = field(default=0, metadata=_key(_int_range(0, 2**31 - 1),
                                                 "seeds data, encoders, anchors, sampling"))
-    num_server_rounds: int = field(default=5, metadata=_key(_int_range(1, 100_000),
+    num_server_rounds: int = field(default=20, metadata=_key(_int_range(1, 100_000),
                                                             "federated rounds"))
     env_id: str = field(default="CartPole-v1", metadata=_key(
         _choice(ENV_IDS + POOL_ENV_IDS), "gymnasium task (pool: the inventory)"))
@@ -106,6 +106,9 @@ class RunConfig:
                                                     "nodes to wait for before a round"))
     output_dir: str = field(default="outputs", metadata=_key(
         lambda v: None if v else "a folder path", "results go to <output-dir>/<date>/<time>/"))
+    round_timeout: float = field(default=600.0, metadata=_key(
+        _float_range(0.0, 1e6, lo_open=True),
+        "seconds to wait for a round's replies; late or lost ones count as missing"))
     eval_episodes: int = field(default=10, metadata=_key(_int_range(1, 100_000),
                                                          "greedy episodes per evaluation"))
     # ---- pool learner (learner = "pool", env-id = fedqhd/Inventory-v0) ----

@@ -27,7 +27,8 @@ from fedqhd.strategies import contract as C
 
 app = ClientApp()
 
-#: learners kept in this process between rounds (encoded shard and factorisations);
+#: learners kept in this process between rounds (encoded shard and factorisations), for
+#: every node of the current run this process serves (a Ray actor serves many nodes);
 #: a new process rebuilds the same learner deterministically
 _LEARNERS: dict[tuple[Any, ...], tuple[FQILearner, Shard]] = {}
 
@@ -49,7 +50,8 @@ def node_learner(context: Context) -> tuple[RunConfig, FQILearner, Shard]:
                   else heterogeneous_encoder_params(cfg.seed, pid, cfg.bandwidth))
         learner = FQILearner(shard, params.build(spec.obs_bound), spec.n_actions,
                              gamma=cfg.gamma, ridge=cfg.ridge, proximal=cfg.proximal)
-        _LEARNERS.clear()  # one run per process at a time: free the previous one
+        for stale in [k for k in _LEARNERS if k[0] != context.run_id or k[4] != cfg]:
+            del _LEARNERS[stale]  # free what earlier runs left in this process
         _LEARNERS[key] = (learner, shard)
     learner, shard = _LEARNERS[key]
     return cfg, learner, shard

@@ -110,6 +110,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
         return metrics
 
     result = strategy.start(grid, initial, num_rounds=cfg.num_server_rounds,
+                            timeout=cfg.round_timeout,
                             train_config=ConfigRecord({}), evaluate_fn=after_round)
     ledgers = ({"privacy-ledgers": {str(pid): entry for pid, entry
                                     in sorted(strategy.ledgers.items())},
