@@ -86,9 +86,9 @@ class RunConfig:
                                                      "discount"))
     ridge: float = field(default=0.1, metadata=_key(_float_range(0.0, 1e9, lo_open=True),
                                                     "ridge penalty of FQI and compilation"))
-    local_iterations: int = field(default=1, metadata=_key(_int_range(1, 10_000),
+    local_iterations: int = field(default=3, metadata=_key(_int_range(1, 10_000),
                                                            "FQI sweeps per round"))
-    proximal: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e9),
+    proximal: float = field(default=0.3, metadata=_key(_float_range(0.0, 1e9),
                                                        "pull toward the global readout"))
     strategy: str = field(default="auto", metadata=_key(_choice(STRATEGIES),
                                                         "auto: avg if shared, else anchor"))

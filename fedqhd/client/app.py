@@ -49,12 +49,20 @@ def node_learner(context: Context) -> tuple[RunConfig, FQILearner, Shard]:
                   if cfg.encoder == "shared"
                   else heterogeneous_encoder_params(cfg.seed, pid, cfg.bandwidth))
         learner = FQILearner(shard, params.build(spec.obs_bound), spec.n_actions,
-                             gamma=cfg.gamma, ridge=cfg.ridge, proximal=cfg.proximal)
+                             gamma=cfg.gamma, ridge=local_ridge(cfg.ridge, n_parts),
+                             proximal=cfg.proximal, compile_ridge=cfg.ridge)
         for stale in [k for k in _LEARNERS if k[0] != context.run_id or k[4] != cfg]:
             del _LEARNERS[stale]  # free what earlier runs left in this process
         _LEARNERS[key] = (learner, shard)
     learner, shard = _LEARNERS[key]
     return cfg, learner, shard
+
+
+def local_ridge(ridge: float, num_partitions: int) -> float:
+    """Each of n clients carries ``ridge / n`` of the pooled objective's penalty, so the
+    clients' objectives add up to the pooled one; a client penalising with the full
+    ``ridge`` over-smooths, and the average of over-smoothed fits stays over-smoothed."""
+    return ridge / num_partitions
 
 
 def _reply(msg: Message, arrays: dict[str, np.ndarray] | None,

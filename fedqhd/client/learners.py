@@ -31,13 +31,16 @@ class FQILearner:
     n_actions : int
     gamma, ridge, proximal : float
         Discount, penalty toward zero, penalty toward the readout training starts from.
+    compile_ridge : float or None
+        Ridge penalty of the teacher compilation (default: ``ridge``).
     """
 
     def __init__(self, shard: Shard, encoder: HDEncoder, n_actions: int, gamma: float = 0.99,
-                 ridge: float = 1.0, proximal: float = 1.0) -> None:
+                 ridge: float = 1.0, proximal: float = 1.0,
+                 compile_ridge: float | None = None) -> None:
         self.encoder = encoder
         self.n_actions = int(n_actions)
-        self.ridge = float(ridge)
+        self.ridge = float(ridge if compile_ridge is None else compile_ridge)
         self.n_transitions = int(shard.n_transitions)
         self.fqi = RidgeFQI(
             encoder.encode(shard.observations), shard.actions, shard.rewards,
