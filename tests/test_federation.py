@@ -54,9 +54,11 @@ def test_a_failing_client_is_counted_and_the_round_goes_on(tmp_path):
         assert np.isfinite(row["return-mean"])
 
 
-def test_same_seed_same_results(tmp_path):
-    a = _run(tmp_path / "a", num_server_rounds=2, seed=5)[2]["rounds"]
-    b = _run(tmp_path / "b", num_server_rounds=2, seed=5)[2]["rounds"]
+def test_same_seed_same_results_with_node_sampling(tmp_path):
+    # half the nodes per round: Flower samples them with Python's random, seeded by the run
+    a = _run(tmp_path / "a", num_server_rounds=3, seed=5, fraction_train=0.5)[2]["rounds"]
+    b = _run(tmp_path / "b", num_server_rounds=3, seed=5, fraction_train=0.5)[2]["rounds"]
+    assert all(r["replies-ok"] == 2 for r in a)
     strip = [{k: v for k, v in r.items() if k != "wall-time-s"} for r in a]
     assert strip == [{k: v for k, v in r.items() if k != "wall-time-s"} for r in b]
 
@@ -73,3 +75,13 @@ def test_learner_compiles_a_teacher_in_its_span():
     np.testing.assert_allclose(learner.q_values(anchors), teacher, atol=1e-4)
     with pytest.raises(ValueError, match="shape"):
         learner.readout = np.zeros((3, 2))
+
+
+def test_dynamics_skew_clients_learn_and_evaluate_in_their_own_physics(tmp_path):
+    shards = [client_shard("CartPole-v1", "dynamics-skew", i, 3, 2, seed=0) for i in range(3)]
+    lengths = {s.metadata["dynamics"]["length"] for s in shards}
+    assert len(lengths) == 3
+    _, _, results = _run(tmp_path, n_clients=3, num_server_rounds=1, encoder="heterogeneous",
+                         partition="dynamics-skew", episodes_per_client=2)
+    assert results["rounds"][0]["replies-ok"] == 3
+    assert np.isfinite(results["rounds"][0]["return-mean"])
