@@ -65,6 +65,26 @@ def _federated(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
             "run-dir": str(out_dir)}
 
 
+def run_federated_only(env_id: str, n_clients: int, seeds: list[int], rounds: int, out: Path,
+                       overrides: dict[str, Any], strategy: str) -> dict[str, Any]:
+    """Only one federated strategy per seed (for sweeps of its settings)."""
+    from flwr.common.logger import FLOWER_LOGGER
+    from tqdm import tqdm
+
+    FLOWER_LOGGER.setLevel(logging.WARNING)
+    encoder = "shared" if strategy == "avg" else "heterogeneous"
+    rows = []
+    for seed in tqdm(seeds, desc=f"{strategy} {env_id}", unit="seed"):
+        cfg = RunConfig(env_id=env_id, seed=seed, num_server_rounds=rounds,
+                        output_dir=str(out / "runs"), **{**overrides, "encoder": encoder})
+        rows.append({"seed": seed, **_federated(cfg, n_clients)})
+    summary = {"env-id": env_id, "clients": n_clients, "rounds": rounds, "strategy": strategy,
+               "config": cfg.to_run_config(), "per-seed": rows}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"bench-{strategy}.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 def run_bench(env_id: str, n_clients: int, seeds: list[int], rounds: int,
               out: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     from flwr.common.logger import FLOWER_LOGGER
@@ -158,6 +178,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("outputs/bench"))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="run-config override, e.g. --set hd-dim=1000 (repeatable)")
+    p.add_argument("--only", choices=["avg", "anchor"],
+                   help="run only this federated strategy (no pooled or lone baselines)")
     p.add_argument("--speed", action="store_true",
                    help="instead: seconds per FQI sweep, factored once vs re-solved")
     p.add_argument("--dim", type=int, default=2000, help="D for --speed")
@@ -176,6 +198,13 @@ def _main(args: argparse.Namespace) -> int:
     overrides = {k.replace("-", "_"): v for k, v in
                  RunConfig.from_run_config(overrides).to_run_config().items() if k in overrides}
     seeds = [int(s) for s in args.seeds.split(",")]
+    if args.only:
+        summary = run_federated_only(args.env, args.clients, seeds, args.rounds, args.out,
+                                     overrides, args.only)
+        for row in summary["per-seed"]:
+            print(f"seed {row['seed']}: final return {row['return-mean']:.1f} "
+                  f"(best {row['best-return-mean']:.1f}) {row['run-dir']}")
+        return 0
     summary = run_bench(args.env, args.clients, seeds, args.rounds, args.out, overrides)
     _print_table(summary)
     print(f"written {args.out / 'bench.json'}")
