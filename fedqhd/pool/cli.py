@@ -40,7 +40,8 @@ def _base(a: argparse.Namespace) -> Setting:
                    model=a.model, demand=a.demand)
 
 
-def _write(a: argparse.Namespace, name: str, rows: list[dict], x_of, log_x: bool = False) -> int:
+def _write(a: argparse.Namespace, name: str, rows: list[dict], x_of, xlabel: str,
+           log_x: bool = False) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,7 +59,9 @@ def _write(a: argparse.Namespace, name: str, rows: list[dict], x_of, log_x: bool
         ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=series)
     if log_x:
         ax.set_xscale("log")
-    ax.set_ylabel("relative gap (%)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("relative gap (c - c*) / c* (%)")
+    ax.set_title(f"{name}: mean +- std over {a.reps} reps, seed {a.seed}", fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / f"{name}.png", dpi=120)
@@ -74,21 +77,22 @@ def _rho(a: argparse.Namespace) -> int:
     rows = run_grid(rho_study(_base(a), _floats(a.rhos), a.methods.split(",")), a.reps, a.seed,
                     not a.no_progress)
     return _write(a, f"rho_{a.demand}", rows, lambda r: (r["method"], r["setting"]["rho"]),
-                  log_x=True)
+                  "rho (zCDP)", log_x=True)
 
 
 def _sweep(a: argparse.Namespace) -> int:
     rows = run_grid(sweep_study(_base(a), a.param, _floats(a.values)), a.reps, a.seed,
                     not a.no_progress)
     return _write(a, f"sweep_{a.param}", rows,
-                  lambda r: ("pool", float(r["label"].split("=")[1])))
+                  lambda r: ("pool", float(r["label"].split("=")[1])), a.param)
 
 
 def _grid(a: argparse.Namespace) -> int:
     rows = run_grid(grid_study(_base(a), [int(m) for m in _floats(a.Ms)]), a.reps, a.seed,
                     not a.no_progress)
     return _write(a, f"grid_wd{2 * a.w}", rows,
-                  lambda r: (r["setting"]["discretization"], r["setting"]["n_zones"]))
+                  lambda r: (r["setting"]["discretization"], r["setting"]["n_zones"]),
+                  "M (zones or grid cells)")
 
 
 def register(subparsers) -> None:
