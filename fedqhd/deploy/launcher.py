@@ -473,12 +473,17 @@ def _toml_value(value: Any) -> str:
 
 @contextlib.contextmanager
 def interrupts_as_exceptions() -> Iterator[None]:
-    """Turn SIGTERM/SIGHUP into KeyboardInterrupt, so ``finally`` blocks (and so
-    :meth:`LocalDeployment.stop`) run when the launcher itself is told to stop."""
+    """Turn SIGINT/SIGTERM/SIGHUP into KeyboardInterrupt, so ``finally`` blocks (and so
+    :meth:`LocalDeployment.stop`) run when the launcher itself is told to stop.
+
+    SIGINT is set explicitly too: a process started in the background of a
+    non-interactive shell inherits SIGINT as ignored, and Python then keeps it
+    ignored, so Ctrl-C (or a test's SIGINT) would never reach us."""
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, handler)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
