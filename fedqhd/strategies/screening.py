@@ -49,7 +49,7 @@ class ScreenedReplies:
             for key in sorted(keys):
                 out[key] = float(sum(wi * m[key] for wi, m in zip(w, self.metrics, strict=True)))
             out[C.NUM_TRANSITIONS] = int(sum(m.get(C.NUM_TRANSITIONS, 0) for m in self.metrics))
-        out[C.REPLIES_OK] = len(self.arrays) if self.arrays else len(self.metrics)
+        out[C.REPLIES_OK] = len(self.metrics)
         out[C.REPLIES_FAILED] = self.failed
         out[C.REPLIES_REJECTED] = self.rejected
         return MetricRecord(out)
