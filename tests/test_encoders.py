@@ -49,3 +49,11 @@ def test_heterogeneous_params_follow_the_paper_protocol():
     shared = shared_encoder_params(3, 100, 1.0)
     assert shared == shared_encoder_params(3, 100, 1.0)
     np.testing.assert_array_equal(shared.build(SCALE).omega_, shared.build(SCALE).omega_)
+
+
+def test_passes_scikit_learn_estimator_checks():
+    from sklearn.utils.estimator_checks import check_estimator
+
+    results = check_estimator(HDEncoder(n_components=50, random_state=0), on_fail=None)
+    failed = [r["check_name"] for r in results if r["status"] == "failed"]
+    assert len(results) > 30 and not failed, failed
