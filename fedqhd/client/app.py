@@ -33,9 +33,8 @@ app = ClientApp()
 _LEARNERS: dict[tuple[Any, ...], tuple[FQILearner, Shard]] = {}
 
 
-def node_learner(context: Context) -> tuple[RunConfig, FQILearner, Shard]:
-    """This node's run config, learner and shard (built once per process)."""
-    cfg = RunConfig.from_run_config(context.run_config)
+def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
+    """This node's learner and shard (built once per process)."""
     pid = int(context.node_config["partition-id"])
     n_parts = int(context.node_config["num-partitions"])
     data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
@@ -54,8 +53,7 @@ def node_learner(context: Context) -> tuple[RunConfig, FQILearner, Shard]:
         for stale in [k for k in _LEARNERS if k[0] != context.run_id or k[4] != cfg]:
             del _LEARNERS[stale]  # free what earlier runs left in this process
         _LEARNERS[key] = (learner, shard)
-    learner, shard = _LEARNERS[key]
-    return cfg, learner, shard
+    return _LEARNERS[key]
 
 
 def local_ridge(ridge: float, num_partitions: int) -> float:
@@ -92,7 +90,7 @@ def train(msg: Message, context: Context) -> Message:
     arrays = C.from_array_record(msg.content[C.ARRAYS])
     if (cfg := RunConfig.from_run_config(context.run_config)).learner == "pool":
         return _reply(msg, *pool_learner.train_reply(context, cfg, arrays))
-    cfg, learner, _ = node_learner(context)
+    learner, _ = node_learner(context, cfg)
     metrics: dict[str, float] = {C.NUM_TRANSITIONS: learner.n_transitions}
     _adopt_global(learner, arrays, metrics)
     metrics.update(learner.train(cfg.local_iterations, start=learner.readout))
@@ -109,7 +107,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     arrays = C.from_array_record(msg.content[C.ARRAYS])
     if (cfg := RunConfig.from_run_config(context.run_config)).learner == "pool":
         return _reply(msg, None, pool_learner.evaluate_metrics(context, cfg, arrays))
-    cfg, learner, shard = node_learner(context)
+    learner, shard = node_learner(context, cfg)
     metrics: dict[str, float] = {C.NUM_TRANSITIONS: learner.n_transitions}
     _adopt_global(learner, arrays, metrics)
     pid = int(context.node_config["partition-id"])

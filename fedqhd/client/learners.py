@@ -40,7 +40,7 @@ class FQILearner:
                  compile_ridge: float | None = None) -> None:
         self.encoder = encoder
         self.n_actions = int(n_actions)
-        self.ridge = float(ridge if compile_ridge is None else compile_ridge)
+        self.compile_ridge = float(ridge if compile_ridge is None else compile_ridge)
         self.n_transitions = int(shard.n_transitions)
         self.fqi = RidgeFQI(
             encoder.encode(shard.observations), shard.actions, shard.rewards,
@@ -75,7 +75,7 @@ class FQILearner:
         """
         key = hashlib.sha1(np.ascontiguousarray(anchors, dtype=np.float64).tobytes()).hexdigest()
         if key != self._anchor_key:
-            self._anchor_system = RidgeSystem(self.encoder.encode(anchors), self.ridge)
+            self._anchor_system = RidgeSystem(self.encoder.encode(anchors), self.compile_ridge)
             self._anchor_key = key
         system = self._anchor_system
         self.readout = system.solve(teacher)
