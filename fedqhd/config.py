@@ -25,6 +25,7 @@ POOL_ENV_IDS = (INVENTORY_ENV_ID,)  #: tasks of the pool learner (fqi takes ENV_
 POOL_NOISES = ("numpy", "opendp", "none")
 POOL_DEMANDS = ("uniform", "bike")
 STRATEGIES = ("auto", "avg", "anchor")
+CLIENT_UPDATES = ("admm", "proximal")
 WEIGHTINGS = ("transitions", "uniform")
 ANCHOR_SOURCES = ("rollouts", "uniform", "file")
 
@@ -90,6 +91,11 @@ class RunConfig:
                                                            "FQI sweeps per round"))
     proximal: float = field(default=0.3, metadata=_key(_float_range(0.0, 1e9),
                                                        "pull toward the global readout"))
+    client_update: str = field(default="admm", metadata=_key(
+        _choice(CLIENT_UPDATES), "FedQHDAvg clients: admm (fixed point = pooled FQI) or "
+        "proximal (pulled toward the global readout)"))
+    admm_penalty: float = field(default=2.5e-4, metadata=_key(
+        _float_range(0.0, 1e6, lo_open=True), "per-transition ADMM penalty (client-update=admm)"))
     strategy: str = field(default="auto", metadata=_key(_choice(STRATEGIES),
                                                         "auto: avg if shared, else anchor"))
     weighting: str = field(default="transitions", metadata=_key(_choice(WEIGHTINGS),

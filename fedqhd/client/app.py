@@ -18,7 +18,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedqhd.client import pool_learner
-from fedqhd.client.learners import FQILearner, greedy_policy
+from fedqhd.client.learners import ConsensusState, FQILearner, greedy_policy
 from fedqhd.config import RunConfig
 from fedqhd.data import Shard, client_shard
 from fedqhd.encoders import heterogeneous_encoder_params, shared_encoder_params
@@ -26,6 +26,8 @@ from fedqhd.envs import get_spec, rollout_returns
 from fedqhd.strategies import contract as C
 
 app = ClientApp()
+
+STATE_ADMM = "fedqhd-admm"  #: context.state ArrayRecord: the ADMM client's "local" and "dual"
 
 #: learners kept in this process between rounds (encoded shard and factorisations), for
 #: every node of the current run this process serves (a Ray actor serves many nodes);
@@ -49,7 +51,8 @@ def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
                   else heterogeneous_encoder_params(cfg.seed, pid, cfg.bandwidth))
         learner = FQILearner(shard, params.build(spec.obs_bound), spec.n_actions,
                              gamma=cfg.gamma, ridge=local_ridge(cfg.ridge, n_parts),
-                             proximal=cfg.proximal, compile_ridge=cfg.ridge)
+                             proximal=local_proximal(cfg, shard.n_transitions),
+                             compile_ridge=cfg.ridge)
         for stale in [k for k in _LEARNERS if k[0] != context.run_id or k[4] != cfg]:
             del _LEARNERS[stale]  # free what earlier runs left in this process
         _LEARNERS[key] = (learner, shard)
@@ -61,6 +64,24 @@ def local_ridge(ridge: float, num_partitions: int) -> float:
     clients' objectives add up to the pooled one; a client penalising with the full
     ``ridge`` over-smooths, and the average of over-smoothed fits stays over-smoothed."""
     return ridge / num_partitions
+
+
+def uses_admm(cfg: RunConfig) -> bool:
+    """Consensus ADMM applies to readout averaging (shared encoder) only."""
+    return cfg.resolved_strategy == "avg" and cfg.client_update == "admm"
+
+
+def local_proximal(cfg: RunConfig, n_transitions: int) -> float:
+    """The learner's proximal weight: ADMM's penalty is per transition (so the server's
+    transition-weighted mean is the consensus step), the plain pull is absolute."""
+    return cfg.admm_penalty * n_transitions if uses_admm(cfg) else cfg.proximal
+
+
+def _admm_state(context: Context) -> ConsensusState | None:
+    if STATE_ADMM not in context.state:
+        return None
+    arrays = C.from_array_record(context.state[STATE_ADMM])
+    return ConsensusState(local=arrays["local"], dual=arrays["dual"])
 
 
 def _reply(msg: Message, arrays: dict[str, np.ndarray] | None,
@@ -86,12 +107,19 @@ def _adopt_global(learner: FQILearner, arrays: dict[str, np.ndarray],
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Adopt the global Q-function, run local FQI sweeps pulled toward it, reply
-    (pool: reply the client's values on the anchors and its privacy ledger)."""
+    (admm: one consensus step, its dual kept in ``context.state``; pool: reply the
+    client's values on the anchors and its privacy ledger)."""
     arrays = C.from_array_record(msg.content[C.ARRAYS])
     if (cfg := RunConfig.from_run_config(context.run_config)).learner == "pool":
         return _reply(msg, *pool_learner.train_reply(context, cfg, arrays))
     learner, _ = node_learner(context, cfg)
     metrics: dict[str, float] = {C.NUM_TRANSITIONS: learner.n_transitions}
+    if C.READOUT in arrays and uses_admm(cfg):
+        reply, state, step = learner.consensus_step(arrays[C.READOUT], cfg.local_iterations,
+                                                    _admm_state(context))
+        context.state[STATE_ADMM] = C.to_array_record({"local": state.local,
+                                                       "dual": state.dual})
+        return _reply(msg, {C.READOUT: reply}, {**metrics, **step})
     _adopt_global(learner, arrays, metrics)
     metrics.update(learner.train(cfg.local_iterations, start=learner.readout))
     if C.READOUT in arrays:

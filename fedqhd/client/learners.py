@@ -1,16 +1,17 @@
 """Local learners: what a client does with its private shard between messages.
 
 A learner holds one client's encoded shard and its readout, and offers the four
-operations the federation needs: learn locally (optionally pulled toward a
-global readout), compile a teacher given on anchor states into its own
-features, report Q-values on anchors, and act greedily. It knows nothing of
-Flower.
+operations the federation needs: learn locally (pulled toward a global
+readout, or as one ADMM consensus step), compile a teacher given on anchor
+states into its own features, report Q-values on anchors, and act greedily.
+It knows nothing of Flower.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -67,6 +68,38 @@ class FQILearner:
         result = self.fqi.fit(iterations, init=start)
         return {"bellman-residual": result.bellman_residuals[-1]}
 
+    def consensus_step(self, global_readout: np.ndarray, iterations: int,
+                       state: ConsensusState | None = None
+                       ) -> tuple[np.ndarray, ConsensusState, dict[str, float]]:
+        """One client step of consensus ADMM; returns (reply, new state, metrics).
+
+        Why: averaging plain local fits converges to a biased fixed point (each
+        client shrinks the directions its data does not cover); ADMM's dual
+        variable cancels that bias, so the fixed point of the federation is
+        pooled ridge FQI. With the learner built with ``proximal = penalty * n_i``
+        (``n_i``: its transitions), client ``i`` solves, per action,
+
+            min (||Phi_i w - y_i||^2 + ridge_i ||w||^2) / n_i + penalty ||w - z + v_i||^2
+
+        from the global readout ``z`` (``iterations`` sweeps, the first with
+        targets ``y_i`` under ``z``), after the dual update ``v_i += w_i - z``, and
+        replies ``w_i + v_i``; the server's weighted mean of the replies is the
+        next ``z``. At a fixed point the clients' gradients sum to zero: the
+        stationarity condition of FQI on the pooled data (for transition
+        weights and ``ridge_i`` the client's share ``ridge / n`` of the pooled
+        penalty).
+        """
+        z = np.asarray(global_readout, dtype=np.float64)
+        if state is None or state.dual.shape != z.shape:
+            dual = np.zeros_like(z)
+        else:
+            dual = state.dual + state.local - z
+        result = self.fqi.fit(iterations, init=z, prior=z - dual)
+        local = self.fqi.readout_.copy()
+        gap = float(np.linalg.norm(local - z) / max(np.linalg.norm(z), 1e-12))
+        return local + dual, ConsensusState(local=local, dual=dual), {
+            "bellman-residual": result.bellman_residuals[-1], "consensus-gap": gap}
+
     def compile(self, anchors: np.ndarray, teacher: np.ndarray) -> float:
         """Replace the readout by the ridge projection of ``teacher`` (Q on ``anchors``)
         onto this client's features; returns the residual ``||X W - T||_F``.
@@ -88,6 +121,15 @@ class FQILearner:
     def policy(self) -> Callable[[np.ndarray], int]:
         """The greedy policy of the current readout (a frozen copy)."""
         return greedy_policy(self.encoder, self.readout.copy())
+
+
+@dataclass(frozen=True)
+class ConsensusState:
+    """What a client remembers between ADMM rounds: its last local readout and its
+    scaled dual variable (both (D, |A|))."""
+
+    local: np.ndarray
+    dual: np.ndarray
 
 
 def greedy_policy(encoder: HDEncoder, readout: np.ndarray) -> Callable[[np.ndarray], int]:
