@@ -19,6 +19,12 @@ class FedQHDAvg(FunctionSpaceStrategy):
     ``W``, so averaging readouts equals averaging the client Q-functions at
     every state: parameter and function-space averaging coincide.
 
+    The server step is the same for both client updates of fedqhd's ClientApp:
+    plain local fits (``client-update=proximal``) or one consensus-ADMM step
+    (``client-update=admm``: clients reply ``w_i + v_i``, their local readout
+    plus scaled dual, and the weighted mean of the replies is ADMM's consensus
+    update, whose fixed point is ridge FQI on the pooled data).
+
     Parameters
     ----------
     weighting : {"transitions", "uniform"}
