@@ -17,7 +17,13 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+
+from fedqhd.client.app import app as client_app
+from fedqhd.config import RunConfig
+from fedqhd.server.app import run_federation
+from fedqhd.server.inprocess import InProcessGrid
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -71,6 +77,16 @@ def test_flwr_run_writes_results(tmp_path: Path) -> None:
         run_dir = results[0].parent
         assert json.loads((run_dir / "run_config.json").read_text())["config"]["hd-dim"] == 500
         assert (run_dir / "learning_curve.png").stat().st_size > 1000
+        # Ray computes exactly the in-process ADMM iteration: each client's dual, kept in
+        # its node state, survives from round 1 to round 2 under the simulation engine too
+        cfg = RunConfig.from_run_config({"num-server-rounds": 2, "eval-episodes": 3,
+                                         "hd-dim": 500, "output-dir": str(tmp_path / "inproc")})
+        _, inproc_dir = run_federation(
+            InProcessGrid([client_app] * 5, run_config=cfg.to_run_config()), cfg)
+        ray_readout = np.load(run_dir / "final_model.npz")["readout"]
+        inproc_readout = np.load(inproc_dir / "final_model.npz")["readout"]
+        np.testing.assert_allclose(ray_readout, inproc_readout, rtol=0,
+                                   atol=1e-9 * np.abs(inproc_readout).max())
     finally:
         try:
             os.killpg(link.pid, signal.SIGTERM)
