@@ -96,7 +96,8 @@ class FQILearner:
             dual = state.dual + state.local - z
         result = self.fqi.fit(iterations, init=z, prior=z - dual)
         local = self.fqi.readout_.copy()
-        gap = float(np.linalg.norm(local - z) / max(np.linalg.norm(z), 1e-12))
+        scale = max(np.linalg.norm(local), np.linalg.norm(z), 1e-300)
+        gap = float(np.linalg.norm(local - z) / scale)  # in [0, 2]; 1 while z = 0
         return local + dual, ConsensusState(local=local, dual=dual), {
             "bellman-residual": result.bellman_residuals[-1], "consensus-gap": gap}
 

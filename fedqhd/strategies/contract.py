@@ -28,7 +28,7 @@ SERVER_ROUND = "server-round"
 # metric keys
 NUM_TRANSITIONS = "num-transitions"          #: reply: transitions in the client's shard (> 0)
 BELLMAN_RESIDUAL = "bellman-residual"        #: reply: RMS Bellman residual after local FQI
-CONSENSUS_GAP = "consensus-gap"              #: reply (admm): ||w_i - W|| / ||W||, local vs global
+CONSENSUS_GAP = "consensus-gap"              #: reply (admm): ||w_i - W|| / max(||w_i||, ||W||)
 PROJECTION_RESIDUAL = "projection-residual"  #: reply: ||X_i W_i - T||_F of the compilation
 RETURN_MEAN = "return-mean"                  #: evaluate reply: mean greedy return
 RETURN_STD = "return-std"                    #: evaluate reply: std of greedy return
