@@ -39,19 +39,43 @@ def _lone_and_pooled(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
               for i in range(n_clients)]
     shared = shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(spec.obs_bound)
 
-    def fit_and_eval(shard, encoder) -> float:
+    def fit(shard, encoder) -> FQILearner:
         learner = FQILearner(shard, encoder, spec.n_actions, cfg.gamma, cfg.ridge, proximal=0.0)
         learner.train(sweeps, start=learner.readout)
-        return float(rollout_returns(cfg.env_id, greedy_policy(encoder, learner.readout),
+        return learner
+
+    def evaluate(learner: FQILearner) -> float:
+        return float(rollout_returns(cfg.env_id, greedy_policy(learner.encoder, learner.readout),
                                      cfg.eval_episodes, seed=eval_seed).mean())
+
+    def fit_and_eval(shard, encoder) -> float:
+        return evaluate(fit(shard, encoder))
 
     lone_shared = [fit_and_eval(s, shared) for s in shards]
     lone_hetero = [fit_and_eval(s, heterogeneous_encoder_params(cfg.seed, i, cfg.bandwidth)
                                 .build(spec.obs_bound)) for i, s in enumerate(shards)]
-    return {"pooled": fit_and_eval(pooled(shards), shared),
+    data = pooled(shards)
+    reference = fit(data, shared)
+    return {"pooled": evaluate(reference),
+            "pooled-q": reference.q_values(data.observations),  # popped by run_bench
+            "pooled-states": data.observations,
             "lone-shared-mean": float(np.mean(lone_shared)),
             "lone-heterogeneous-mean": float(np.mean(lone_hetero)),
             "transitions": int(sum(s.n_transitions for s in shards))}
+
+
+def fidelity(cfg: RunConfig, readout: np.ndarray, states: np.ndarray,
+             pooled_q: np.ndarray) -> dict[str, float]:
+    """How close a shared-encoder readout is to pooled FQI's on the pooled data states:
+    relative error of the Q-values and the share of states with the same greedy action."""
+    from fedqhd.encoders import shared_encoder_params
+    from fedqhd.envs import get_spec
+
+    encoder = shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(
+        get_spec(cfg.env_id).obs_bound)
+    q = encoder.encode(states) @ readout
+    return {"q-error-vs-pooled": float(np.linalg.norm(q - pooled_q) / np.linalg.norm(pooled_q)),
+            "greedy-agreement": float(np.mean(q.argmax(1) == pooled_q.argmax(1)))}
 
 
 def _federated(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
@@ -97,7 +121,10 @@ def run_bench(env_id: str, n_clients: int, seeds: list[int], rounds: int,
                          output_dir=str(out / "runs"), **overrides)
         t0 = time.time()
         row: dict[str, Any] = {"seed": seed, **_lone_and_pooled(base, n_clients)}
+        pooled_q, states = row.pop("pooled-q"), row.pop("pooled-states")
         row["fedqhd-avg"] = _federated(base.replace(encoder="shared"), n_clients)
+        readout = np.load(Path(row["fedqhd-avg"]["run-dir"]) / "final_model.npz")["readout"]
+        row["fedqhd-avg"].update(fidelity(base, readout, states, pooled_q))
         row["fedqhd-anchor"] = _federated(base.replace(encoder="heterogeneous"), n_clients)
         row["wall-time-s"] = round(time.time() - t0, 1)
         rows.append(row)
@@ -112,6 +139,10 @@ def run_bench(env_id: str, n_clients: int, seeds: list[int], rounds: int,
             "lone-shared-mean": float(np.mean([r["lone-shared-mean"] for r in rows])),
             "lone-heterogeneous-mean": float(np.mean([r["lone-heterogeneous-mean"]
                                                       for r in rows])),
+            "avg-q-error-vs-pooled": float(np.mean([r["fedqhd-avg"]["q-error-vs-pooled"]
+                                                    for r in rows])),
+            "avg-greedy-agreement": float(np.mean([r["fedqhd-avg"]["greedy-agreement"]
+                                                   for r in rows])),
         },
     }
     summary["mean"]["avg-over-pooled"] = summary["mean"]["fedqhd-avg"] / summary["mean"]["pooled"]
@@ -131,7 +162,9 @@ def _print_table(summary: dict[str, Any]) -> None:
     m = summary["mean"]
     print(f"| mean | {m['pooled']:.1f} | {m['fedqhd-avg']:.1f} | {m['fedqhd-anchor']:.1f} | "
           f"{m['lone-shared-mean']:.1f} | {m['lone-heterogeneous-mean']:.1f} |")
-    print(f"FedQHDAvg / pooled = {m['avg-over-pooled']:.3f}")
+    print(f"FedQHDAvg / pooled = {m['avg-over-pooled']:.3f}; FedQHDAvg vs pooled FQI on the "
+          f"pooled data states: Q error {m['avg-q-error-vs-pooled']:.3f} (relative), greedy "
+          f"actions agree on {100 * m['avg-greedy-agreement']:.1f} %")
 
 
 def fqi_speed(env_id: str, n_clients: int, dim: int, sweeps: int, seed: int = 0) -> dict[str, Any]:
