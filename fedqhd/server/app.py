@@ -102,10 +102,11 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
                 row.get(C.REPLIES_OK, 0), row.get(C.REPLIES_FAILED, 0),
                 row.get(C.REPLIES_REFUSED_NON_PRIVATE, 0))
             return metrics
-        log(INFO, "fedqhd round %d/%d: return %.1f +- %.1f | bellman residual %.3g | "
+        gap = (f" | consensus gap {row[C.CONSENSUS_GAP]:.3g}" if C.CONSENSUS_GAP in row else "")
+        log(INFO, "fedqhd round %d/%d: return %.1f +- %.1f | bellman residual %.3g%s | "
             "replies ok %s failed %s rejected %s", server_round, cfg.num_server_rounds,
             row.get(C.RETURN_MEAN, float("nan")), row.get(C.RETURN_STD, float("nan")),
-            row.get(C.BELLMAN_RESIDUAL, float("nan")), row.get(C.REPLIES_OK, 0),
+            row.get(C.BELLMAN_RESIDUAL, float("nan")), gap, row.get(C.REPLIES_OK, 0),
             row.get(C.REPLIES_FAILED, 0), row.get(C.REPLIES_REJECTED, 0))
         return metrics
 
