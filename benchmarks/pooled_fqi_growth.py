@@ -1,0 +1,64 @@
+"""Does ridge FQI on the pooled CartPole shards converge, and how good is its policy?
+
+For each (bandwidth, ridge) it fits ridge FQI on the 10 clients' pooled shards
+(the bench's defaults otherwise) for 120 and for 1000 sweeps and prints the mean
+greedy return and the mean Q-value on the data states. CartPole's rewards are 1
+per step, so a converged Q cannot exceed 1 / (1 - gamma) = 100: growth past that
+(and between 120 and 1000 sweeps) is divergence.
+
+    python benchmarks/pooled_fqi_growth.py --seeds 0,1,2,3,4
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from fedqhd.client.app import evaluation_seed
+from fedqhd.client.learners import FQILearner, greedy_policy
+from fedqhd.config import RunConfig
+from fedqhd.data import client_shard, pooled
+from fedqhd.encoders import shared_encoder_params
+from fedqhd.envs import get_spec, rollout_returns
+from fedqhd.server.app import SERVER_EVALUATOR
+
+GRID = [(1.0, 0.1), (1.0, 0.3), (1.0, 1.0), (1.0, 3.0), (1.0, 10.0),
+        (0.5, 0.3), (0.5, 1.0), (2.0, 0.3), (2.0, 1.0), (3.0, 1.0)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--clients", type=int, default=10)
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    print("| bandwidth | ridge | return, 120 sweeps | return, 1000 sweeps | mean Q, 120 | "
+          "mean Q, 1000 |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for bandwidth, ridge in GRID:
+        rows = []
+        for seed in seeds:
+            cfg = RunConfig(seed=seed, bandwidth=bandwidth, ridge=ridge)
+            spec = get_spec(cfg.env_id)
+            data = pooled([client_shard(cfg.env_id, cfg.partition, i, args.clients,
+                                        cfg.episodes_per_client, seed,
+                                        epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max)
+                           for i in range(args.clients)])
+            encoder = shared_encoder_params(seed, cfg.hd_dim, bandwidth).build(spec.obs_bound)
+            learner = FQILearner(data, encoder, spec.n_actions, cfg.gamma, ridge, proximal=0.0)
+            row = []
+            for sweeps in (120, 880):
+                learner.train(sweeps)
+                returns = rollout_returns(cfg.env_id, greedy_policy(encoder, learner.readout),
+                                          cfg.eval_episodes,
+                                          seed=evaluation_seed(seed, SERVER_EVALUATOR))
+                row += [returns.mean(), learner.q_values(data.observations).mean()]
+            rows.append(row)
+        r = np.mean(rows, axis=0)
+        print(f"| {bandwidth} | {ridge} | {r[0]:.1f} | {r[2]:.1f} | {r[1]:.3g} | {r[3]:.3g} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
