@@ -23,59 +23,79 @@ import numpy as np
 from fedqhd.config import RunConfig
 
 
-def _lone_and_pooled(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
+def _shards(cfg: RunConfig, n_clients: int) -> list[Any]:
+    from fedqhd.data import client_shard
+
+    return [client_shard(cfg.env_id, cfg.partition, i, n_clients, cfg.episodes_per_client,
+                         cfg.seed, epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max)
+            for i in range(n_clients)]
+
+
+def _fit(cfg: RunConfig, shard: Any, encoder: Any) -> Any:
+    """Plain ridge FQI (full ridge, no proximal term) for as many sweeps as the federation."""
+    from fedqhd.client.learners import FQILearner
+    from fedqhd.envs import get_spec
+
+    learner = FQILearner(shard, encoder, get_spec(cfg.env_id).n_actions, cfg.gamma, cfg.ridge,
+                         proximal=0.0)
+    learner.train(cfg.num_server_rounds * cfg.local_iterations, start=learner.readout)
+    return learner
+
+
+def _shared_encoder(cfg: RunConfig) -> Any:
+    from fedqhd.encoders import shared_encoder_params
+    from fedqhd.envs import get_spec
+
+    return shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(
+        get_spec(cfg.env_id).obs_bound)
+
+
+def _evaluate(cfg: RunConfig, learner: Any) -> float:
     from fedqhd.client.app import evaluation_seed
-    from fedqhd.client.learners import FQILearner, greedy_policy
-    from fedqhd.data import client_shard, pooled
-    from fedqhd.encoders import heterogeneous_encoder_params, shared_encoder_params
-    from fedqhd.envs import get_spec, rollout_returns
+    from fedqhd.client.learners import greedy_policy
+    from fedqhd.envs import rollout_returns
     from fedqhd.server.app import SERVER_EVALUATOR
 
-    spec = get_spec(cfg.env_id)
-    sweeps = cfg.num_server_rounds * cfg.local_iterations
-    eval_seed = evaluation_seed(cfg.seed, SERVER_EVALUATOR)
-    shards = [client_shard(cfg.env_id, cfg.partition, i, n_clients, cfg.episodes_per_client,
-                           cfg.seed, epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max)
-              for i in range(n_clients)]
-    shared = shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(spec.obs_bound)
+    return float(rollout_returns(cfg.env_id, greedy_policy(learner.encoder, learner.readout),
+                                 cfg.eval_episodes,
+                                 seed=evaluation_seed(cfg.seed, SERVER_EVALUATOR)).mean())
 
-    def fit(shard, encoder) -> FQILearner:
-        learner = FQILearner(shard, encoder, spec.n_actions, cfg.gamma, cfg.ridge, proximal=0.0)
-        learner.train(sweeps, start=learner.readout)
-        return learner
 
-    def evaluate(learner: FQILearner) -> float:
-        return float(rollout_returns(cfg.env_id, greedy_policy(learner.encoder, learner.readout),
-                                     cfg.eval_episodes, seed=eval_seed).mean())
+def pooled_reference(cfg: RunConfig, n_clients: int) -> tuple[Any, np.ndarray]:
+    """Ridge FQI on all clients' pooled shards with the shared encoder, and the pooled
+    data states (where :func:`fidelity` compares)."""
+    from fedqhd.data import pooled
 
-    def fit_and_eval(shard, encoder) -> float:
-        return evaluate(fit(shard, encoder))
+    data = pooled(_shards(cfg, n_clients))
+    return _fit(cfg, data, _shared_encoder(cfg)), data.observations
 
-    lone_shared = [fit_and_eval(s, shared) for s in shards]
-    lone_hetero = [fit_and_eval(s, heterogeneous_encoder_params(cfg.seed, i, cfg.bandwidth)
-                                .build(spec.obs_bound)) for i, s in enumerate(shards)]
-    data = pooled(shards)
-    reference = fit(data, shared)
-    return {"pooled": evaluate(reference),
-            "pooled-q": reference.q_values(data.observations),  # popped by run_bench
-            "pooled-states": data.observations,
-            "lone-shared-mean": float(np.mean(lone_shared)),
+
+def fidelity(reference: Any, states: np.ndarray, readout: np.ndarray) -> dict[str, float]:
+    """How close a shared-encoder readout is to the pooled reference on the data states:
+    relative error of the Q-values and the share of states with the same greedy action."""
+    pooled_q = reference.q_values(states)
+    q = reference.encoder.encode(states) @ readout
+    return {"q-error-vs-pooled": float(np.linalg.norm(q - pooled_q) / np.linalg.norm(pooled_q)),
+            "greedy-agreement": float(np.mean(q.argmax(1) == pooled_q.argmax(1)))}
+
+
+def _lone_and_pooled(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
+    from fedqhd.encoders import heterogeneous_encoder_params
+    from fedqhd.envs import get_spec
+
+    shards = _shards(cfg, n_clients)
+    shared = _shared_encoder(cfg)
+    bound = get_spec(cfg.env_id).obs_bound
+    lone_shared = [_evaluate(cfg, _fit(cfg, s, shared)) for s in shards]
+    lone_hetero = [_evaluate(cfg, _fit(cfg, s, heterogeneous_encoder_params(
+        cfg.seed, i, cfg.bandwidth).build(bound))) for i, s in enumerate(shards)]
+    return {"lone-shared-mean": float(np.mean(lone_shared)),
             "lone-heterogeneous-mean": float(np.mean(lone_hetero)),
             "transitions": int(sum(s.n_transitions for s in shards))}
 
 
-def fidelity(cfg: RunConfig, readout: np.ndarray, states: np.ndarray,
-             pooled_q: np.ndarray) -> dict[str, float]:
-    """How close a shared-encoder readout is to pooled FQI's on the pooled data states:
-    relative error of the Q-values and the share of states with the same greedy action."""
-    from fedqhd.encoders import shared_encoder_params
-    from fedqhd.envs import get_spec
-
-    encoder = shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(
-        get_spec(cfg.env_id).obs_bound)
-    q = encoder.encode(states) @ readout
-    return {"q-error-vs-pooled": float(np.linalg.norm(q - pooled_q) / np.linalg.norm(pooled_q)),
-            "greedy-agreement": float(np.mean(q.argmax(1) == pooled_q.argmax(1)))}
+def _final_readout(run: dict[str, Any]) -> np.ndarray:
+    return np.load(Path(run["run-dir"]) / "final_model.npz")["readout"]
 
 
 def _federated(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
@@ -101,7 +121,10 @@ def run_federated_only(env_id: str, n_clients: int, seeds: list[int], rounds: in
     for seed in tqdm(seeds, desc=f"{strategy} {env_id}", unit="seed"):
         cfg = RunConfig(env_id=env_id, seed=seed, num_server_rounds=rounds,
                         output_dir=str(out / "runs"), **{**overrides, "encoder": encoder})
-        rows.append({"seed": seed, **_federated(cfg, n_clients)})
+        row = {"seed": seed, **_federated(cfg, n_clients)}
+        if strategy == "avg":  # the pooled reference's Q (no rollouts: cheap)
+            row.update(fidelity(*pooled_reference(cfg, n_clients), _final_readout(row)))
+        rows.append(row)
     summary = {"env-id": env_id, "clients": n_clients, "rounds": rounds, "strategy": strategy,
                "config": cfg.to_run_config(), "per-seed": rows}
     out.mkdir(parents=True, exist_ok=True)
@@ -120,11 +143,11 @@ def run_bench(env_id: str, n_clients: int, seeds: list[int], rounds: int,
         base = RunConfig(env_id=env_id, seed=seed, num_server_rounds=rounds,
                          output_dir=str(out / "runs"), **overrides)
         t0 = time.time()
-        row: dict[str, Any] = {"seed": seed, **_lone_and_pooled(base, n_clients)}
-        pooled_q, states = row.pop("pooled-q"), row.pop("pooled-states")
+        reference, states = pooled_reference(base, n_clients)
+        row: dict[str, Any] = {"seed": seed, "pooled": _evaluate(base, reference),
+                               **_lone_and_pooled(base, n_clients)}
         row["fedqhd-avg"] = _federated(base.replace(encoder="shared"), n_clients)
-        readout = np.load(Path(row["fedqhd-avg"]["run-dir"]) / "final_model.npz")["readout"]
-        row["fedqhd-avg"].update(fidelity(base, readout, states, pooled_q))
+        row["fedqhd-avg"].update(fidelity(reference, states, _final_readout(row["fedqhd-avg"])))
         row["fedqhd-anchor"] = _federated(base.replace(encoder="heterogeneous"), n_clients)
         row["wall-time-s"] = round(time.time() - t0, 1)
         rows.append(row)
@@ -235,8 +258,18 @@ def _main(args: argparse.Namespace) -> int:
         summary = run_federated_only(args.env, args.clients, seeds, args.rounds, args.out,
                                      overrides, args.only)
         for row in summary["per-seed"]:
+            close = (f"; vs pooled FQI: Q error {row['q-error-vs-pooled']:.3f}, greedy "
+                     f"agreement {100 * row['greedy-agreement']:.1f} %"
+                     if "greedy-agreement" in row else "")
             print(f"seed {row['seed']}: final return {row['return-mean']:.1f} "
-                  f"(best {row['best-return-mean']:.1f}) {row['run-dir']}")
+                  f"(best {row['best-return-mean']:.1f}){close} {row['run-dir']}")
+        rows = summary["per-seed"]
+        line = f"mean final return {np.mean([r['return-mean'] for r in rows]):.1f}"
+        if "greedy-agreement" in rows[0]:
+            agree = 100 * np.mean([r["greedy-agreement"] for r in rows])
+            line += (f"; Q error {np.mean([r['q-error-vs-pooled'] for r in rows]):.3f}, "
+                     f"greedy agreement {agree:.2f} %")
+        print(line)
         return 0
     summary = run_bench(args.env, args.clients, seeds, args.rounds, args.out, overrides)
     _print_table(summary)
