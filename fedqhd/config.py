@@ -89,8 +89,9 @@ class RunConfig:
                                                     "ridge penalty of FQI and compilation"))
     local_iterations: int = field(default=3, metadata=_key(_int_range(1, 10_000),
                                                            "FQI sweeps per round"))
-    proximal: float = field(default=0.3, metadata=_key(_float_range(0.0, 1e9),
-                                                       "pull toward the global readout"))
+    proximal: float = field(default=0.3, metadata=_key(
+        _float_range(0.0, 1e9), "pull toward the global readout (client-update=proximal) "
+        "or the compiled teacher (anchor)"))
     client_update: str = field(default="admm", metadata=_key(
         _choice(CLIENT_UPDATES), "FedQHDAvg clients: admm (fixed point = pooled FQI) or "
         "proximal (pulled toward the global readout)"))

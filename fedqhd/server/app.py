@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,10 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
             cfg, min_evaluate_nodes=min(cfg.min_nodes, 2), **kwargs)
         initial = strategy.initial_arrays()
     elif cfg.resolved_strategy == "avg":
+        if cfg.client_update == "admm" and cfg.fraction_train < 1:
+            log(WARNING, "fedqhd: client-update=admm with fraction-train=%s: a client that "
+                "sits a round out keeps a stale dual, so the fixed point is no longer exactly "
+                "pooled FQI's", cfg.fraction_train)
         spec = get_spec(cfg.env_id)
         strategy = FedQHDAvg(fraction_evaluate=0.0, **kwargs)
         dim = cfg.hd_dim
