@@ -64,6 +64,24 @@ def test_uniform_weighting_on_request():
         FedQHDAvg(weighting="by-vibes")
 
 
+def test_latest_aggregate_keeps_the_replies_of_nodes_not_sampled():
+    def reply(node, value, n):
+        return _reply(node, {C.READOUT: np.full((2, 1), float(value))}, {C.NUM_TRANSITIONS: n})
+
+    latest, sampled = FedQHDAvg(aggregate="latest"), FedQHDAvg()
+    for s in (latest, sampled):
+        s._readout_shape = (2, 1)
+        s.aggregate_train(1, [reply(1, 0.0, 10), reply(2, 4.0, 30)])
+    # round 2: node 2 sits out; "latest" still counts its round-1 reply, node 3 is new
+    arrays, metrics = latest.aggregate_train(2, [reply(1, 8.0, 10), reply(3, 1.0, 60)])
+    np.testing.assert_allclose(arrays[C.READOUT].numpy(), (8 * 10 + 4 * 30 + 1 * 60) / 100)
+    assert metrics[C.REPLIES_OK] == 2  # the round's own replies
+    arrays, _ = sampled.aggregate_train(2, [reply(1, 8.0, 10), reply(3, 1.0, 60)])
+    np.testing.assert_allclose(arrays[C.READOUT].numpy(), (8 * 10 + 1 * 60) / 70)
+    with pytest.raises(ValueError, match="aggregate"):
+        FedQHDAvg(aggregate="everything")
+
+
 def test_bad_replies_are_left_out_and_counted(caplog):
     good = np.full((3, 2), 2.0)
     nan = good.copy()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from logging import INFO, WARNING
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +61,10 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
             cfg, min_evaluate_nodes=min(cfg.min_nodes, 2), **kwargs)
         initial = strategy.initial_arrays()
     elif cfg.resolved_strategy == "avg":
-        if cfg.client_update == "admm" and cfg.fraction_train < 1:
-            log(WARNING, "fedqhd: client-update=admm with fraction-train=%s: a client that "
-                "sits a round out keeps a stale dual, so the fixed point is no longer exactly "
-                "pooled FQI's", cfg.fraction_train)
         spec = get_spec(cfg.env_id)
-        strategy = FedQHDAvg(fraction_evaluate=0.0, **kwargs)
+        # ADMM's consensus is over all clients: keep every node's latest reply
+        strategy = FedQHDAvg(fraction_evaluate=0.0, **kwargs,
+                             aggregate="latest" if cfg.client_update == "admm" else "sampled")
         dim = cfg.hd_dim
         initial = C.to_array_record({C.READOUT: np.zeros((dim, spec.n_actions))})
         encoder = shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(

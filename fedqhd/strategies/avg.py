@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from logging import INFO
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
 from .screening import screen_replies
+
+AGGREGATES = ("sampled", "latest")
 
 
 class FedQHDAvg(FunctionSpaceStrategy):
@@ -29,6 +34,13 @@ class FedQHDAvg(FunctionSpaceStrategy):
     ----------
     weighting : {"transitions", "uniform"}
         ``pi_i`` proportional to the client's ``num-transitions`` (default) or equal.
+    aggregate : {"sampled", "latest"}
+        Average this round's accepted replies (default, FedAvg), or every node's
+        latest accepted reply, a stale one for nodes not sampled this round.
+        Consensus ADMM needs ``"latest"`` under node sampling: its consensus is
+        the mean over all clients, and averaging only the sampled ones' dual-
+        shifted readouts biases it (measured in BENCHMARKS.md). Equal to
+        ``"sampled"`` when every node replies every round.
     fraction_train, fraction_evaluate : float
         Fractions of connected nodes sampled for training / federated evaluation.
     min_train_nodes, min_evaluate_nodes, min_available_nodes : int
@@ -45,10 +57,20 @@ class FedQHDAvg(FunctionSpaceStrategy):
 
     def __init__(self, weighting: str = "transitions", fraction_train: float = 1.0,
                  fraction_evaluate: float = 0.0, min_train_nodes: int = 2,
-                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2) -> None:
+                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
+                 aggregate: str = "sampled") -> None:
+        if aggregate not in AGGREGATES:
+            raise ValueError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
         super().__init__(weighting, fraction_train, fraction_evaluate, min_train_nodes,
                          min_evaluate_nodes, min_available_nodes)
+        self.aggregate = aggregate
         self._readout_shape: tuple[int, ...] | None = None
+        #: node id -> (readout, weight) of its latest accepted reply (aggregate="latest")
+        self._latest: dict[int, tuple[np.ndarray, float]] = {}
+
+    def summary(self) -> None:
+        super().summary()
+        log(INFO, "\t└──> Aggregate: %s replies", self.aggregate)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -68,4 +90,13 @@ class FedQHDAvg(FunctionSpaceStrategy):
         self.last_client_metrics = screened.per_node_metrics()
         if not screened.arrays:
             return None, self.last_train_metrics
-        return C.to_array_record({C.READOUT: screened.weighted_mean()}), self.last_train_metrics
+        if self.aggregate == "sampled":
+            mean = screened.weighted_mean()
+        else:
+            for node, array, weight in zip(screened.nodes, screened.arrays, screened.weights,
+                                           strict=True):
+                self._latest[node] = (array, weight)
+            weights = np.array([w for _, w in self._latest.values()])
+            mean = np.tensordot(weights / weights.sum(),
+                                np.stack([a for a, _ in self._latest.values()]), axes=1)
+        return C.to_array_record({C.READOUT: mean}), self.last_train_metrics
