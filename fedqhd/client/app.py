@@ -115,6 +115,8 @@ def train(msg: Message, context: Context) -> Message:
     learner, _ = node_learner(context, cfg)
     metrics: dict[str, float] = {C.NUM_TRANSITIONS: learner.n_transitions}
     if C.READOUT in arrays and uses_admm(cfg):
+        # identifies the client to the server's latest-reply memory across node restarts
+        metrics[C.PARTITION_ID] = int(context.node_config["partition-id"])
         reply, state, step = learner.consensus_step(arrays[C.READOUT], cfg.local_iterations,
                                                     _admm_state(context))
         context.state[STATE_ADMM] = C.to_array_record({"local": state.local,

@@ -107,7 +107,6 @@ class PrivateAnchor(FedQHDAnchor):
         record, metrics = super().aggregate_train(server_round, kept)
         metrics = metrics if metrics is not None else MetricRecord({})
         metrics[C.REPLIES_REFUSED_NON_PRIVATE] = refused
-        metrics.pop(C.PARTITION_ID, None)  # a mean of ids means nothing
         self.last_train_metrics = metrics
         for node, m in self.last_client_metrics.items():
             pid = int(m.get(C.PARTITION_ID, -1))

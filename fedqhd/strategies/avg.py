@@ -35,8 +35,9 @@ class FedQHDAvg(FunctionSpaceStrategy):
     weighting : {"transitions", "uniform"}
         ``pi_i`` proportional to the client's ``num-transitions`` (default) or equal.
     aggregate : {"sampled", "latest"}
-        Average this round's accepted replies (default, FedAvg), or every node's
-        latest accepted reply, a stale one for nodes not sampled this round.
+        Average this round's accepted replies (default, FedAvg), or every client's
+        latest accepted reply, a stale one for clients not sampled this round (a
+        client is its ``partition-id`` reply metric if it sends one, else its node).
         Consensus ADMM needs ``"latest"`` under node sampling: its consensus is
         the mean over all clients, and averaging only the sampled ones' dual-
         shifted readouts biases it (measured in BENCHMARKS.md). Equal to
@@ -65,8 +66,8 @@ class FedQHDAvg(FunctionSpaceStrategy):
                          min_evaluate_nodes, min_available_nodes)
         self.aggregate = aggregate
         self._readout_shape: tuple[int, ...] | None = None
-        #: node id -> (readout, weight) of its latest accepted reply (aggregate="latest")
-        self._latest: dict[int, tuple[np.ndarray, float]] = {}
+        #: client -> (readout, weight) of its latest accepted reply (aggregate="latest")
+        self._latest: dict[tuple[str, int], tuple[np.ndarray, float]] = {}
 
     def summary(self) -> None:
         super().summary()
@@ -93,9 +94,16 @@ class FedQHDAvg(FunctionSpaceStrategy):
         if self.aggregate == "sampled":
             mean = screened.weighted_mean()
         else:
-            for node, array, weight in zip(screened.nodes, screened.arrays, screened.weights,
-                                           strict=True):
-                self._latest[node] = (array, weight)
+            for node, array, weight, metrics in zip(screened.nodes, screened.arrays,
+                                                    screened.weights, screened.metrics,
+                                                    strict=True):
+                # a client is its partition id where it sends one (a restarted SuperNode
+                # may come back under a new node id), else its node id
+                if C.PARTITION_ID in metrics:
+                    client = ("partition", int(metrics[C.PARTITION_ID]))
+                else:
+                    client = ("node", node)
+                self._latest[client] = (array, weight)
             weights = np.array([w for _, w in self._latest.values()])
             mean = np.tensordot(weights / weights.sum(),
                                 np.stack([a for a, _ in self._latest.values()]), axes=1)

@@ -45,7 +45,9 @@ class ScreenedReplies:
         if self.metrics:
             w = np.asarray(self.weights, dtype=np.float64)
             w = w / w.sum()
-            keys = set.intersection(*(set(m) for m in self.metrics)) - {C.NUM_TRANSITIONS}
+            # a sum is kept for the counts; a mean of ids means nothing
+            keys = set.intersection(*(set(m) for m in self.metrics)) - {C.NUM_TRANSITIONS,
+                                                                        C.PARTITION_ID}
             for key in sorted(keys):
                 out[key] = float(sum(wi * m[key] for wi, m in zip(w, self.metrics, strict=True)))
             out[C.NUM_TRANSITIONS] = int(sum(m.get(C.NUM_TRANSITIONS, 0) for m in self.metrics))
