@@ -74,7 +74,8 @@ class RunRecorder:
         tmp.replace(self.out_dir / "results.json")
 
     def plot(self) -> Path:
-        """Learning curve: greedy return per round (mean +- std) and Bellman residual."""
+        """Learning curve: greedy return per round (mean +- std), Bellman residual and,
+        for ADMM clients, the consensus gap."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -96,6 +97,12 @@ class RunRecorder:
             axes[1].plot(*zip(*res, strict=True), marker=".")
         axes[1].set(xlabel="round", ylabel="RMS Bellman residual (clients)",
                     title="local fit")
+        gap = [(r["round"], r["consensus-gap"]) for r in self.rounds if "consensus-gap" in r]
+        if gap:  # ADMM clients: how far local readouts are from the consensus
+            twin = axes[1].twinx()
+            twin.semilogy(*zip(*gap, strict=True), color="tab:orange", marker=".")
+            twin.set_ylabel("consensus gap (ADMM)", color="tab:orange")
+            axes[1].set_title("local fit and consensus")
         fig.tight_layout()
         path = self.out_dir / "learning_curve.png"
         fig.savefig(path, dpi=110)
