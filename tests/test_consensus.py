@@ -51,12 +51,10 @@ def test_admm_reaches_pooled_fqi_where_plain_averaging_stays_biased(problem):
 
     admm = [FQILearner(s, encoder, spec.n_actions, cfg.gamma, ridge_i,
                        proximal=0.03 * s.n_transitions) for s in shards]
-    z, states = np.zeros_like(reference), [None] * N_CLIENTS
+    z, replies = np.zeros_like(reference), [None] * N_CLIENTS
     for _ in range(200):
-        replies = []
         for i, learner in enumerate(admm):
-            reply, states[i], metrics = learner.consensus_step(z, 1, states[i])
-            replies.append(reply)
+            replies[i], metrics = learner.consensus_step(z, 1, replies[i])
         z = sum(w * r for w, r in zip(weights, replies, strict=True))
     assert _relative_q_error(phi, z, reference) < 1e-6
     assert metrics["consensus-gap"] < 1e-6  # local readouts agree with the consensus
@@ -84,12 +82,10 @@ def test_clientapp_keeps_its_dual_and_matches_the_consensus_loop(problem, tmp_pa
     learners = [FQILearner(s, encoder, spec.n_actions, cfg.gamma,
                            local_ridge(cfg.ridge, N_CLIENTS),
                            proximal=local_proximal(cfg, s.n_transitions)) for s in shards]
-    z, states = np.zeros((cfg.hd_dim, spec.n_actions)), [None] * N_CLIENTS
+    z, replies = np.zeros((cfg.hd_dim, spec.n_actions)), [None] * N_CLIENTS
     for _ in range(cfg.num_server_rounds):
-        replies = []
         for i, learner in enumerate(learners):
-            reply, states[i], _ = learner.consensus_step(z, cfg.local_iterations, states[i])
-            replies.append(reply)
+            replies[i], _ = learner.consensus_step(z, cfg.local_iterations, replies[i])
         z = sum(w * r for w, r in zip(_weights(shards), replies, strict=True))
     np.testing.assert_allclose(federated, z, rtol=0, atol=1e-10 * np.abs(z).max())
     # without the dual (a client that forgot its state every round) the result differs

@@ -18,7 +18,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedqhd.client import pool_learner
-from fedqhd.client.learners import ConsensusState, FQILearner, greedy_policy
+from fedqhd.client.learners import FQILearner, greedy_policy
 from fedqhd.config import RunConfig
 from fedqhd.data import Shard, client_shard
 from fedqhd.encoders import heterogeneous_encoder_params, shared_encoder_params
@@ -27,7 +27,7 @@ from fedqhd.strategies import contract as C
 
 app = ClientApp()
 
-STATE_ADMM = "fedqhd-admm"  #: context.state ArrayRecord: the ADMM client's "local" and "dual"
+STATE_ADMM = "fedqhd-admm"  #: context.state ArrayRecord: the ADMM client's last "reply"
 
 #: learners kept in this process between rounds (encoded shard and factorisations), for
 #: every node of the current run this process serves (a Ray actor serves many nodes);
@@ -77,11 +77,10 @@ def local_proximal(cfg: RunConfig, n_transitions: int) -> float:
     return cfg.admm_penalty * n_transitions if uses_admm(cfg) else cfg.proximal
 
 
-def _admm_state(context: Context) -> ConsensusState | None:
+def _last_admm_reply(context: Context) -> np.ndarray | None:
     if STATE_ADMM not in context.state:
         return None
-    arrays = C.from_array_record(context.state[STATE_ADMM])
-    return ConsensusState(local=arrays["local"], dual=arrays["dual"])
+    return context.state[STATE_ADMM]["reply"].numpy()
 
 
 def _reply(msg: Message, arrays: dict[str, np.ndarray] | None,
@@ -117,10 +116,9 @@ def train(msg: Message, context: Context) -> Message:
     if C.READOUT in arrays and uses_admm(cfg):
         # identifies the client to the server's latest-reply memory across node restarts
         metrics[C.PARTITION_ID] = int(context.node_config["partition-id"])
-        reply, state, step = learner.consensus_step(arrays[C.READOUT], cfg.local_iterations,
-                                                    _admm_state(context))
-        context.state[STATE_ADMM] = C.to_array_record({"local": state.local,
-                                                       "dual": state.dual})
+        reply, step = learner.consensus_step(arrays[C.READOUT], cfg.local_iterations,
+                                             _last_admm_reply(context))
+        context.state[STATE_ADMM] = C.to_array_record({"reply": reply})
         return _reply(msg, {C.READOUT: reply}, {**metrics, **step})
     _adopt_global(learner, arrays, metrics)
     metrics.update(learner.train(cfg.local_iterations, start=learner.readout))

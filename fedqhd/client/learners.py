@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -69,9 +68,9 @@ class FQILearner:
         return {"bellman-residual": result.bellman_residuals[-1]}
 
     def consensus_step(self, global_readout: np.ndarray, iterations: int,
-                       state: ConsensusState | None = None
-                       ) -> tuple[np.ndarray, ConsensusState, dict[str, float]]:
-        """One client step of consensus ADMM; returns (reply, new state, metrics).
+                       last_reply: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, dict[str, float]]:
+        """One client step of consensus ADMM; returns (reply, metrics).
 
         Why: averaging plain local fits converges to a biased fixed point (each
         client shrinks the directions its data does not cover); ADMM's dual
@@ -88,18 +87,19 @@ class FQILearner:
         stationarity condition of FQI on the pooled data (for transition
         weights and ``ridge_i`` the client's share ``ridge / n`` of the pooled
         penalty).
+
+        The client's whole memory is its last reply: the updated dual
+        ``v_i + w_i - z`` is ``last_reply - z``.
         """
         z = np.asarray(global_readout, dtype=np.float64)
-        if state is None or state.dual.shape != z.shape:
-            dual = np.zeros_like(z)
-        else:
-            dual = state.dual + state.local - z
+        fresh = last_reply is None or last_reply.shape != z.shape
+        dual = np.zeros_like(z) if fresh else last_reply - z
         result = self.fqi.fit(iterations, init=z, prior=z - dual)
-        local = self.fqi.readout_.copy()
+        local = self.fqi.readout_
         scale = max(np.linalg.norm(local), np.linalg.norm(z), 1e-300)
         gap = float(np.linalg.norm(local - z) / scale)  # in [0, 2]; 1 while z = 0
-        return local + dual, ConsensusState(local=local, dual=dual), {
-            "bellman-residual": result.bellman_residuals[-1], "consensus-gap": gap}
+        return local + dual, {"bellman-residual": result.bellman_residuals[-1],
+                              "consensus-gap": gap}
 
     def compile(self, anchors: np.ndarray, teacher: np.ndarray) -> float:
         """Replace the readout by the ridge projection of ``teacher`` (Q on ``anchors``)
@@ -122,15 +122,6 @@ class FQILearner:
     def policy(self) -> Callable[[np.ndarray], int]:
         """The greedy policy of the current readout (a frozen copy)."""
         return greedy_policy(self.encoder, self.readout.copy())
-
-
-@dataclass(frozen=True)
-class ConsensusState:
-    """What a client remembers between ADMM rounds: its last local readout and its
-    scaled dual variable (both (D, |A|))."""
-
-    local: np.ndarray
-    dual: np.ndarray
 
 
 def greedy_policy(encoder: HDEncoder, readout: np.ndarray) -> Callable[[np.ndarray], int]:
