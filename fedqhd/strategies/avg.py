@@ -12,7 +12,7 @@ from flwr.serverapp import Grid
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
-from .screening import screen_replies
+from .screening import screen_replies, weighted_mean
 
 AGGREGATES = ("sampled", "latest")
 
@@ -104,7 +104,6 @@ class FedQHDAvg(FunctionSpaceStrategy):
                 else:
                     client = ("node", node)
                 self._latest[client] = (array, weight)
-            weights = np.array([w for _, w in self._latest.values()])
-            mean = np.tensordot(weights / weights.sum(),
-                                np.stack([a for a, _ in self._latest.values()]), axes=1)
+            arrays, weights = zip(*self._latest.values(), strict=True)
+            mean = weighted_mean(arrays, weights)
         return C.to_array_record({C.READOUT: mean}), self.last_train_metrics

@@ -8,7 +8,7 @@ metrics, and the round goes on with the rest.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
@@ -17,6 +17,12 @@ from flwr.app import Message, MetricRecord
 from flwr.common.logger import log
 
 from . import contract as C
+
+
+def weighted_mean(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    """``sum_i w_i a_i / sum_i w_i`` over equally shaped arrays."""
+    w = np.asarray(weights, dtype=np.float64)
+    return np.tensordot(w / w.sum(), np.stack(arrays), axes=1)
 
 
 @dataclass
@@ -31,9 +37,7 @@ class ScreenedReplies:
     rejected: int = 0
 
     def weighted_mean(self) -> np.ndarray:
-        w = np.asarray(self.weights, dtype=np.float64)
-        w = w / w.sum()
-        return np.tensordot(w, np.stack(self.arrays), axes=1)
+        return weighted_mean(self.arrays, self.weights)
 
     def per_node_metrics(self) -> dict[int, dict[str, float]]:
         """Each accepted reply's own metrics, by source node id (for per-client reports)."""
