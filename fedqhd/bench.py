@@ -61,12 +61,12 @@ def _evaluate(cfg: RunConfig, learner: Any) -> float:
                                  seed=evaluation_seed(cfg.seed, SERVER_EVALUATOR)).mean())
 
 
-def pooled_reference(cfg: RunConfig, n_clients: int) -> tuple[Any, np.ndarray]:
+def pooled_reference(cfg: RunConfig, shards: list[Any]) -> tuple[Any, np.ndarray]:
     """Ridge FQI on all clients' pooled shards with the shared encoder, and the pooled
     data states (where :func:`fidelity` compares)."""
     from fedqhd.data import pooled
 
-    data = pooled(_shards(cfg, n_clients))
+    data = pooled(shards)
     return _fit(cfg, data, _shared_encoder(cfg)), data.observations
 
 
@@ -79,11 +79,10 @@ def fidelity(reference: Any, states: np.ndarray, readout: np.ndarray) -> dict[st
             "greedy-agreement": float(np.mean(q.argmax(1) == pooled_q.argmax(1)))}
 
 
-def _lone_and_pooled(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
+def _lone(cfg: RunConfig, shards: list[Any]) -> dict[str, Any]:
     from fedqhd.encoders import heterogeneous_encoder_params
     from fedqhd.envs import get_spec
 
-    shards = _shards(cfg, n_clients)
     shared = _shared_encoder(cfg)
     bound = get_spec(cfg.env_id).obs_bound
     lone_shared = [_evaluate(cfg, _fit(cfg, s, shared)) for s in shards]
@@ -123,7 +122,8 @@ def run_federated_only(env_id: str, n_clients: int, seeds: list[int], rounds: in
                         output_dir=str(out / "runs"), **{**overrides, "encoder": encoder})
         row = {"seed": seed, **_federated(cfg, n_clients)}
         if strategy == "avg":  # the pooled reference's Q (no rollouts: cheap)
-            row.update(fidelity(*pooled_reference(cfg, n_clients), _final_readout(row)))
+            row.update(fidelity(*pooled_reference(cfg, _shards(cfg, n_clients)),
+                                _final_readout(row)))
         rows.append(row)
     summary = {"env-id": env_id, "clients": n_clients, "rounds": rounds, "strategy": strategy,
                "config": cfg.to_run_config(), "per-seed": rows}
@@ -143,9 +143,10 @@ def run_bench(env_id: str, n_clients: int, seeds: list[int], rounds: int,
         base = RunConfig(env_id=env_id, seed=seed, num_server_rounds=rounds,
                          output_dir=str(out / "runs"), **overrides)
         t0 = time.time()
-        reference, states = pooled_reference(base, n_clients)
+        shards = _shards(base, n_clients)
+        reference, states = pooled_reference(base, shards)
         row: dict[str, Any] = {"seed": seed, "pooled": _evaluate(base, reference),
-                               **_lone_and_pooled(base, n_clients)}
+                               **_lone(base, shards)}
         row["fedqhd-avg"] = _federated(base.replace(encoder="shared"), n_clients)
         row["fedqhd-avg"].update(fidelity(reference, states, _final_readout(row["fedqhd-avg"])))
         row["fedqhd-anchor"] = _federated(base.replace(encoder="heterogeneous"), n_clients)
