@@ -15,13 +15,11 @@ import argparse
 
 import numpy as np
 
-from fedqhd.client.app import evaluation_seed
-from fedqhd.client.learners import FQILearner, greedy_policy
+from fedqhd.bench import client_shards, greedy_return, shared_encoder
+from fedqhd.client.learners import FQILearner
 from fedqhd.config import RunConfig
-from fedqhd.data import client_shard, pooled
-from fedqhd.encoders import shared_encoder_params
-from fedqhd.envs import get_spec, rollout_returns
-from fedqhd.server.app import SERVER_EVALUATOR
+from fedqhd.data import pooled
+from fedqhd.envs import get_spec
 
 GRID = [(1.0, 0.1), (1.0, 0.3), (1.0, 1.0), (1.0, 3.0), (1.0, 10.0),
         (0.5, 0.3), (0.5, 1.0), (2.0, 0.3), (2.0, 1.0), (3.0, 1.0)]
@@ -40,20 +38,13 @@ def main() -> None:
         rows = []
         for seed in seeds:
             cfg = RunConfig(seed=seed, bandwidth=bandwidth, ridge=ridge)
-            spec = get_spec(cfg.env_id)
-            data = pooled([client_shard(cfg.env_id, cfg.partition, i, args.clients,
-                                        cfg.episodes_per_client, seed,
-                                        epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max)
-                           for i in range(args.clients)])
-            encoder = shared_encoder_params(seed, cfg.hd_dim, bandwidth).build(spec.obs_bound)
-            learner = FQILearner(data, encoder, spec.n_actions, cfg.gamma, ridge, proximal=0.0)
+            data = pooled(client_shards(cfg, args.clients))
+            learner = FQILearner(data, shared_encoder(cfg), get_spec(cfg.env_id).n_actions,
+                                 cfg.gamma, ridge, proximal=0.0)
             row = []
             for sweeps in (120, 880):
                 learner.train(sweeps)
-                returns = rollout_returns(cfg.env_id, greedy_policy(encoder, learner.readout),
-                                          cfg.eval_episodes,
-                                          seed=evaluation_seed(seed, SERVER_EVALUATOR))
-                row += [returns.mean(), learner.q_values(data.observations).mean()]
+                row += [greedy_return(cfg, learner), learner.q_values(data.observations).mean()]
             rows.append(row)
         r = np.mean(rows, axis=0)
         print(f"| {bandwidth} | {ridge} | {r[0]:.1f} | {r[2]:.1f} | {r[1]:.3g} | {r[3]:.3g} |",

@@ -23,7 +23,8 @@ import numpy as np
 from fedqhd.config import RunConfig
 
 
-def _shards(cfg: RunConfig, n_clients: int) -> list[Any]:
+def client_shards(cfg: RunConfig, n_clients: int) -> list[Any]:
+    """The shards the run's ``n_clients`` clients would generate (cached on disk)."""
     from fedqhd.data import client_shard
 
     return [client_shard(cfg.env_id, cfg.partition, i, n_clients, cfg.episodes_per_client,
@@ -42,7 +43,8 @@ def _fit(cfg: RunConfig, shard: Any, encoder: Any) -> Any:
     return learner
 
 
-def _shared_encoder(cfg: RunConfig) -> Any:
+def shared_encoder(cfg: RunConfig) -> Any:
+    """The run's shared encoder, as the ServerApp and the clients build it."""
     from fedqhd.encoders import shared_encoder_params
     from fedqhd.envs import get_spec
 
@@ -50,7 +52,8 @@ def _shared_encoder(cfg: RunConfig) -> Any:
         get_spec(cfg.env_id).obs_bound)
 
 
-def _evaluate(cfg: RunConfig, learner: Any) -> float:
+def greedy_return(cfg: RunConfig, learner: Any) -> float:
+    """Mean greedy return of a learner on the server's fixed evaluation episodes."""
     from fedqhd.client.app import evaluation_seed
     from fedqhd.client.learners import greedy_policy
     from fedqhd.envs import rollout_returns
@@ -67,7 +70,7 @@ def pooled_reference(cfg: RunConfig, shards: list[Any]) -> tuple[Any, np.ndarray
     from fedqhd.data import pooled
 
     data = pooled(shards)
-    return _fit(cfg, data, _shared_encoder(cfg)), data.observations
+    return _fit(cfg, data, shared_encoder(cfg)), data.observations
 
 
 def fidelity(reference: Any, states: np.ndarray, readout: np.ndarray) -> dict[str, float]:
@@ -83,10 +86,10 @@ def _lone(cfg: RunConfig, shards: list[Any]) -> dict[str, Any]:
     from fedqhd.encoders import heterogeneous_encoder_params
     from fedqhd.envs import get_spec
 
-    shared = _shared_encoder(cfg)
+    shared = shared_encoder(cfg)
     bound = get_spec(cfg.env_id).obs_bound
-    lone_shared = [_evaluate(cfg, _fit(cfg, s, shared)) for s in shards]
-    lone_hetero = [_evaluate(cfg, _fit(cfg, s, heterogeneous_encoder_params(
+    lone_shared = [greedy_return(cfg, _fit(cfg, s, shared)) for s in shards]
+    lone_hetero = [greedy_return(cfg, _fit(cfg, s, heterogeneous_encoder_params(
         cfg.seed, i, cfg.bandwidth).build(bound))) for i, s in enumerate(shards)]
     return {"lone-shared-mean": float(np.mean(lone_shared)),
             "lone-heterogeneous-mean": float(np.mean(lone_hetero)),
@@ -122,7 +125,7 @@ def run_federated_only(env_id: str, n_clients: int, seeds: list[int], rounds: in
                         output_dir=str(out / "runs"), **{**overrides, "encoder": encoder})
         row = {"seed": seed, **_federated(cfg, n_clients)}
         if strategy == "avg":  # the pooled reference's Q (no rollouts: cheap)
-            row.update(fidelity(*pooled_reference(cfg, _shards(cfg, n_clients)),
+            row.update(fidelity(*pooled_reference(cfg, client_shards(cfg, n_clients)),
                                 _final_readout(row)))
         rows.append(row)
     summary = {"env-id": env_id, "clients": n_clients, "rounds": rounds, "strategy": strategy,
@@ -143,9 +146,9 @@ def run_bench(env_id: str, n_clients: int, seeds: list[int], rounds: int,
         base = RunConfig(env_id=env_id, seed=seed, num_server_rounds=rounds,
                          output_dir=str(out / "runs"), **overrides)
         t0 = time.time()
-        shards = _shards(base, n_clients)
+        shards = client_shards(base, n_clients)
         reference, states = pooled_reference(base, shards)
-        row: dict[str, Any] = {"seed": seed, "pooled": _evaluate(base, reference),
+        row: dict[str, Any] = {"seed": seed, "pooled": greedy_return(base, reference),
                                **_lone(base, shards)}
         row["fedqhd-avg"] = _federated(base.replace(encoder="shared"), n_clients)
         row["fedqhd-avg"].update(fidelity(reference, states, _final_readout(row["fedqhd-avg"])))
