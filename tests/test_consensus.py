@@ -44,6 +44,17 @@ def _weights(shards):
     return n / n.sum()
 
 
+def _admm(learners, weights, rounds, sweeps):
+    """The consensus-ADMM iteration written out with bare learners; returns (W, last
+    client's metrics)."""
+    z, replies = np.zeros_like(learners[0].readout), [None] * len(learners)
+    for _ in range(rounds):
+        for i, learner in enumerate(learners):
+            replies[i], metrics = learner.consensus_step(z, sweeps, replies[i])
+        z = sum(w * r for w, r in zip(weights, replies, strict=True))
+    return z, metrics
+
+
 def test_admm_reaches_pooled_fqi_where_plain_averaging_stays_biased(problem):
     cfg, spec, shards, encoder, phi, reference = problem
     weights = _weights(shards)
@@ -51,11 +62,7 @@ def test_admm_reaches_pooled_fqi_where_plain_averaging_stays_biased(problem):
 
     admm = [FQILearner(s, encoder, spec.n_actions, cfg.gamma, ridge_i,
                        proximal=0.03 * s.n_transitions) for s in shards]
-    z, replies = np.zeros_like(reference), [None] * N_CLIENTS
-    for _ in range(200):
-        for i, learner in enumerate(admm):
-            replies[i], metrics = learner.consensus_step(z, 1, replies[i])
-        z = sum(w * r for w, r in zip(weights, replies, strict=True))
+    z, metrics = _admm(admm, weights, rounds=200, sweeps=1)
     assert _relative_q_error(phi, z, reference) < 1e-6
     assert metrics["consensus-gap"] < 1e-6  # local readouts agree with the consensus
 
@@ -82,11 +89,7 @@ def test_clientapp_keeps_its_dual_and_matches_the_consensus_loop(problem, tmp_pa
     learners = [FQILearner(s, encoder, spec.n_actions, cfg.gamma,
                            local_ridge(cfg.ridge, N_CLIENTS),
                            proximal=local_proximal(cfg, s.n_transitions)) for s in shards]
-    z, replies = np.zeros((cfg.hd_dim, spec.n_actions)), [None] * N_CLIENTS
-    for _ in range(cfg.num_server_rounds):
-        for i, learner in enumerate(learners):
-            replies[i], _ = learner.consensus_step(z, cfg.local_iterations, replies[i])
-        z = sum(w * r for w, r in zip(_weights(shards), replies, strict=True))
+    z, _ = _admm(learners, _weights(shards), cfg.num_server_rounds, cfg.local_iterations)
     np.testing.assert_allclose(federated, z, rtol=0, atol=1e-10 * np.abs(z).max())
     # without the dual (a client that forgot its state every round) the result differs
     forgetful = sum(w * learner.consensus_step(z, 1)[0]
