@@ -15,11 +15,11 @@ import argparse
 
 import numpy as np
 
-from fedqhd.bench import client_shards, greedy_return, shared_encoder
-from fedqhd.client.learners import FQILearner
+from fedqhd.bench import client_shards, greedy_return
 from fedqhd.config import RunConfig
 from fedqhd.data import pooled
 from fedqhd.envs import get_spec
+from fedqhd.learners.fqi import FQILearner, shared_encoder
 
 GRID = [(1.0, 0.1), (1.0, 0.3), (1.0, 1.0), (1.0, 3.0), (1.0, 10.0),
         (0.5, 0.3), (0.5, 1.0), (2.0, 0.3), (2.0, 1.0), (3.0, 1.0)]

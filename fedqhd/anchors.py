@@ -17,6 +17,7 @@ import numpy as np
 from fedqhd.envs import get_spec, make_env
 
 ROLLOUT_LENGTH = 50  #: steps per short random rollout
+ANCHOR_SOURCES: tuple[str, ...] = ("rollouts", "uniform", "file")
 
 
 def rollout_anchors(env_id: str, m: int, seed: int, length: int = ROLLOUT_LENGTH) -> np.ndarray:

@@ -34,8 +34,8 @@ def client_shards(cfg: RunConfig, n_clients: int) -> list[Any]:
 
 def _fit(cfg: RunConfig, shard: Any, encoder: Any) -> Any:
     """Plain ridge FQI (full ridge, no proximal term) for as many sweeps as the federation."""
-    from fedqhd.client.learners import FQILearner
     from fedqhd.envs import get_spec
+    from fedqhd.learners.fqi import FQILearner
 
     learner = FQILearner(shard, encoder, get_spec(cfg.env_id).n_actions, cfg.gamma, cfg.ridge,
                          proximal=0.0)
@@ -43,31 +43,18 @@ def _fit(cfg: RunConfig, shard: Any, encoder: Any) -> Any:
     return learner
 
 
-def shared_encoder(cfg: RunConfig) -> Any:
-    """The run's shared encoder, as the ServerApp and the clients build it."""
-    from fedqhd.encoders import shared_encoder_params
-    from fedqhd.envs import get_spec
-
-    return shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(
-        get_spec(cfg.env_id).obs_bound)
-
-
 def greedy_return(cfg: RunConfig, learner: Any) -> float:
     """Mean greedy return of a learner on the server's fixed evaluation episodes."""
-    from fedqhd.client.app import evaluation_seed
-    from fedqhd.client.learners import greedy_policy
-    from fedqhd.envs import rollout_returns
-    from fedqhd.server.app import SERVER_EVALUATOR
+    from fedqhd.learners.fqi import greedy_return as returns
 
-    return float(rollout_returns(cfg.env_id, greedy_policy(learner.encoder, learner.readout),
-                                 cfg.eval_episodes,
-                                 seed=evaluation_seed(cfg.seed, SERVER_EVALUATOR)).mean())
+    return float(returns(cfg, learner.encoder, learner.readout).mean())
 
 
 def pooled_reference(cfg: RunConfig, shards: list[Any]) -> tuple[Any, np.ndarray]:
     """Ridge FQI on all clients' pooled shards with the shared encoder, and the pooled
     data states (where :func:`fidelity` compares)."""
     from fedqhd.data import pooled
+    from fedqhd.learners.fqi import shared_encoder
 
     data = pooled(shards)
     return _fit(cfg, data, shared_encoder(cfg)), data.observations
@@ -83,14 +70,13 @@ def fidelity(reference: Any, states: np.ndarray, readout: np.ndarray) -> dict[st
 
 
 def _lone(cfg: RunConfig, shards: list[Any]) -> dict[str, Any]:
-    from fedqhd.encoders import heterogeneous_encoder_params
-    from fedqhd.envs import get_spec
+    from fedqhd.learners.fqi import client_encoder
 
-    shared = shared_encoder(cfg)
-    bound = get_spec(cfg.env_id).obs_bound
-    lone_shared = [greedy_return(cfg, _fit(cfg, s, shared)) for s in shards]
-    lone_hetero = [greedy_return(cfg, _fit(cfg, s, heterogeneous_encoder_params(
-        cfg.seed, i, cfg.bandwidth).build(bound))) for i, s in enumerate(shards)]
+    hetero = cfg.replace(encoder="heterogeneous")
+    lone_shared = [greedy_return(cfg, _fit(cfg, s, client_encoder(cfg.replace(
+        encoder="shared"), i))) for i, s in enumerate(shards)]
+    lone_hetero = [greedy_return(cfg, _fit(cfg, s, client_encoder(hetero, i)))
+                   for i, s in enumerate(shards)]
     return {"lone-shared-mean": float(np.mean(lone_shared)),
             "lone-heterogeneous-mean": float(np.mean(lone_hetero)),
             "transitions": int(sum(s.n_transitions for s in shards))}
@@ -237,7 +223,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--out", type=Path, default=Path("outputs/bench"))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="run-config override, e.g. --set hd-dim=1000 (repeatable)")
+                   help="run-config override as for flwr run --run-config, e.g. --set "
+                   "hd-dim=1000 --set \"partition='iid'\" (repeatable)")
     p.add_argument("--only", choices=["avg", "anchor"],
                    help="run only this federated strategy (no pooled or lone baselines)")
     p.add_argument("--speed", action="store_true",
@@ -246,17 +233,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_main)
 
 
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``--set`` values as Flower's ``--run-config`` reads them (TOML values: strings in
+    quotes, ``true``/``false``), validated as run-config keys; returns RunConfig fields.
+    A value that is not TOML is taken as a bare string (``--set client-update=proximal``)."""
+    from click import ClickException
+    from flwr.common.config import parse_config_args
+
+    given: dict[str, Any] = {}
+    for item in items:
+        try:
+            given.update(parse_config_args([item]))
+        except ClickException:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise SystemExit(f"--set {item!r}: expected KEY=VALUE") from None
+            given[key.strip()] = value.strip()
+    parsed = RunConfig.from_run_config(given).to_run_config()
+    return {k.replace("-", "_"): parsed[k] for k in given}
+
+
 def _main(args: argparse.Namespace) -> int:
     if args.speed:
         result = fqi_speed(args.env, args.clients, args.dim, sweeps=10)
         print(json.dumps(result, indent=2))
         return 0
-    overrides: dict[str, Any] = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        overrides[key] = json.loads(value) if value[:1] in "0123456789-.[{" else value
-    overrides = {k.replace("-", "_"): v for k, v in
-                 RunConfig.from_run_config(overrides).to_run_config().items() if k in overrides}
+    overrides = parse_overrides(args.set)
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.only:
         summary = run_federated_only(args.env, args.clients, seeds, args.rounds, args.out,

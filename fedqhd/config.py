@@ -14,20 +14,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from fedqhd.anchors import ANCHOR_SOURCES
+from fedqhd.data.partition import PARTITIONS
+from fedqhd.encoders import ENCODER_KINDS
 from fedqhd.envs import ENV_IDS
+from fedqhd.envs.inventory import DEMANDS as POOL_DEMANDS
 from fedqhd.envs.inventory import ENV_ID as INVENTORY_ENV_ID
 from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
+from fedqhd.learners import get_learner, learner_names
+from fedqhd.privacy.noise import NOISE_KINDS
+from fedqhd.strategies.base import WEIGHTINGS
 
-PARTITIONS = ("iid", "behaviour-skew", "dynamics-skew")
-ENCODERS = ("shared", "heterogeneous")
-LEARNERS = ("fqi", "pool")
-POOL_ENV_IDS = (INVENTORY_ENV_ID,)  #: tasks of the pool learner (fqi takes ENV_IDS)
-POOL_NOISES = ("numpy", "opendp", "none")
-POOL_DEMANDS = ("uniform", "bike")
-STRATEGIES = ("auto", "avg", "anchor")
-CLIENT_UPDATES = ("admm", "proximal")
-WEIGHTINGS = ("transitions", "uniform")
-ANCHOR_SOURCES = ("rollouts", "uniform", "file")
+#: the function-space strategy: auto (avg for a shared encoder, else anchor), avg, anchor
+STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor")
+#: how FedQHDAvg clients update: one consensus-ADMM step (fixed point = pooled FQI) or
+#: local sweeps pulled toward the global readout
+CLIENT_UPDATES: tuple[str, ...] = ("admm", "proximal")
 
 
 class ConfigError(ValueError):
@@ -64,7 +66,7 @@ class RunConfig:
     num_server_rounds: int = field(default=20, metadata=_key(_int_range(1, 100_000),
                                                             "federated rounds"))
     env_id: str = field(default="CartPole-v1", metadata=_key(
-        _choice(ENV_IDS + POOL_ENV_IDS), "gymnasium task (pool: the inventory)"))
+        _choice(ENV_IDS + (INVENTORY_ENV_ID,)), "gymnasium task (pool: the inventory)"))
     data_dir: str = field(default="", metadata=_key(lambda v: None,
                                                     "shard folder; empty: generate"))
     partition: str = field(default="behaviour-skew",
@@ -75,13 +77,13 @@ class RunConfig:
                                                           "behaviour randomness, lowest"))
     epsilon_max: float = field(default=1.0, metadata=_key(_float_range(0.0, 1.0),
                                                           "behaviour randomness, highest"))
-    encoder: str = field(default="shared", metadata=_key(_choice(ENCODERS),
+    encoder: str = field(default="shared", metadata=_key(_choice(ENCODER_KINDS),
                                                          "one encoder for all or one each"))
     hd_dim: int = field(default=2000, metadata=_key(_int_range(8, 200_000),
                                                     "D of the shared encoder"))
     bandwidth: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e6, lo_open=True),
                                                         "RBF gamma (base gamma if heterogeneous)"))
-    learner: str = field(default="fqi", metadata=_key(_choice(LEARNERS),
+    learner: str = field(default="fqi", metadata=_key(_choice(learner_names()),
                                                       "local learner: fqi or pool (private)"))
     gamma: float = field(default=0.99, metadata=_key(_float_range(0.0, 1.0, hi_open=True),
                                                      "discount"))
@@ -128,7 +130,7 @@ class RunConfig:
     pool_delta: float = field(default=1e-5, metadata=_key(
         _float_range(0.0, 1.0, lo_open=True, hi_open=True), "delta of epsilon and E_rho"))
     pool_noise: str = field(default="numpy", metadata=_key(
-        _choice(POOL_NOISES), "numpy (seeded, NOT secure) | opendp | none "
+        _choice(NOISE_KINDS), "numpy (seeded, NOT secure) | opendp | none "
         "(node config 'noise' overrides)"))
     non_private: bool = field(default=False, metadata=_key(
         lambda v: None, "mark the run non-private: only then are noise-free clients accepted"))
@@ -165,17 +167,9 @@ class RunConfig:
         if self.strategy == "avg" and self.encoder != "shared":
             raise ConfigError("run-config key 'strategy' = 'avg' needs 'encoder' = 'shared': "
                               "readouts of different encoders cannot be averaged; use 'anchor'")
-        if self.learner == "pool":
-            if self.env_id not in POOL_ENV_IDS:
-                raise ConfigError(f"run-config key 'learner' = 'pool' needs 'env-id' in "
-                                  f"{list(POOL_ENV_IDS)}, got {self.env_id!r}")
-            if self.strategy == "avg":
-                raise ConfigError("run-config key 'learner' = 'pool' needs 'strategy' = "
-                                  "'anchor' or 'auto': POOL clients release values on anchors")
-        elif self.env_id not in ENV_IDS:
-            raise ConfigError(f"run-config key 'learner' = {self.learner!r} needs a classic "
-                              f"'env-id' ({', '.join(ENV_IDS)}); {self.env_id!r} is for "
-                              f"'learner' = 'pool'")
+        problem = get_learner(self.learner).check_config(self)
+        if problem:
+            raise ConfigError(problem)
         if self.anchor_source == "file" and not self.anchor_file:
             raise ConfigError("run-config key 'anchor-file' must name a .npy file when "
                               "'anchor-source' = 'file'")

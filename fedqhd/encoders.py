@@ -15,8 +15,12 @@ import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
 
+from fedqhd.seeding import SHARED, encoder_seed
+
 #: encoder dimensions cycled over clients in the heterogeneous setting (FedQHD paper)
 HETEROGENEOUS_DIMS: tuple[int, ...] = (500, 1000, 2000, 5000)
+#: encoder settings of a federation: one encoder for all, or one per client
+ENCODER_KINDS: tuple[str, ...] = ("shared", "heterogeneous")
 
 
 class HDEncoder(TransformerMixin, BaseEstimator):
@@ -106,7 +110,7 @@ class EncoderParams:
 
 def shared_encoder_params(seed: int, n_components: int, gamma: float) -> EncoderParams:
     """The one encoder every client (and the server) uses in the shared setting."""
-    return EncoderParams(n_components, gamma, _mix(seed, -1))
+    return EncoderParams(n_components, gamma, encoder_seed(seed, SHARED))
 
 
 def heterogeneous_encoder_params(
@@ -117,11 +121,7 @@ def heterogeneous_encoder_params(
 ) -> EncoderParams:
     """Client ``partition_id``'s own encoder: its own seed, ``D_i`` cycled from ``dims``
     and ``gamma_i = base_gamma * U(0.5, 1.5)`` (the FedQHD paper's protocol)."""
-    enc_seed = _mix(seed, partition_id)
+    enc_seed = encoder_seed(seed, partition_id)
     gamma = base_gamma * np.random.default_rng(enc_seed).uniform(0.5, 1.5)
     return EncoderParams(dims[partition_id % len(dims)], float(gamma), enc_seed)
 
-
-def _mix(seed: int, stream: int) -> int:
-    """A 32-bit seed derived from (run seed, stream) so streams do not collide."""
-    return int(np.random.SeedSequence([seed, stream + 1, 0xE4C]).generate_state(1)[0])

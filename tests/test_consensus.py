@@ -6,12 +6,11 @@ import numpy as np
 import pytest
 
 from fedqhd.client.app import app as client_app
-from fedqhd.client.app import local_proximal, local_ridge
-from fedqhd.client.learners import FQILearner
 from fedqhd.config import RunConfig
 from fedqhd.data import client_shard, pooled
 from fedqhd.encoders import shared_encoder_params
 from fedqhd.envs import get_spec
+from fedqhd.learners.fqi import FQILearner, local_proximal, local_ridge
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 

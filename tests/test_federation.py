@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from fedqhd.client.app import app as client_app
-from fedqhd.client.learners import FQILearner
 from fedqhd.config import RunConfig
 from fedqhd.data import client_shard
 from fedqhd.encoders import heterogeneous_encoder_params
 from fedqhd.envs import get_spec, rollout_returns
+from fedqhd.learners.fqi import FQILearner
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 
@@ -85,3 +85,26 @@ def test_dynamics_skew_clients_learn_and_evaluate_in_their_own_physics(tmp_path)
                          partition="dynamics-skew", episodes_per_client=2)
     assert results["rounds"][0]["replies-ok"] == 3
     assert np.isfinite(results["rounds"][0]["return-mean"])
+
+
+def test_a_client_evaluates_in_its_own_dynamics():
+    from flwr.app import Context, RecordDict
+
+    from fedqhd.learners.fqi import LEARNER, greedy_return, node_learner
+    from fedqhd.strategies import contract as C
+
+    cfg = RunConfig(partition="dynamics-skew", episodes_per_client=3, hd_dim=300,
+                    eval_episodes=5, encoder="heterogeneous")
+    pid = 0
+    context = Context(run_id=7, node_id=1, node_config={"partition-id": pid, "num-partitions": 3},
+                      state=RecordDict(), run_config=cfg.to_run_config())
+    learner, shard = node_learner(context, cfg)
+    learner.train(10)
+    readout = learner.readout.copy()
+    dynamics = shard.metadata["dynamics"]
+    assert dynamics  # this client's physics differ from stock CartPole
+    metrics = LEARNER.evaluate(context, cfg, {C.READOUT: readout})
+    own = greedy_return(cfg, learner.encoder, readout, party=pid, dynamics=dynamics)
+    stock = greedy_return(cfg, learner.encoder, readout, party=pid)
+    assert metrics[C.RETURN_MEAN] == pytest.approx(own.mean())
+    assert own.mean() != pytest.approx(stock.mean())  # physics that matter to this policy

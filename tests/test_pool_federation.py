@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
 
-from fedqhd.client import pool_learner as pl
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
 from fedqhd.envs.inventory import generate_dataset
+from fedqhd.learners import pool as pool_learner
 from fedqhd.pool import count_visits
+from fedqhd.pool import federated as pl
 from fedqhd.privacy import BudgetExceededError
+from fedqhd.seeding import pool_data_seed
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
@@ -71,11 +73,11 @@ def test_release_depends_on_the_data_only_through_the_noisy_counts(tmp_path, mon
     target = {c.shape: np.maximum(c + rng.normal(0, 3.7, c.shape), 0)
               for c in (raw[0].n_sa, raw[0].n_sas)}
     monkeypatch.setattr(pl, "generate_dataset", lambda m, n, random_state: shards[
-        0 if random_state == pl._stream(cfg.seed, 0, 1) else 1])
+        0 if random_state == pool_data_seed(cfg.seed, 0) else 1])
     monkeypatch.setattr(pl, "make_noise_source", lambda kind, random_state: _FixedRelease(target))
     anchors = np.random.default_rng(1).random((200, 2 * cfg.pool_products))
     contexts = [_context(cfg, pid) for pid in (0, 1)]
-    first = [pl.train_reply(ctx, cfg, {C.ANCHORS: anchors}) for ctx in contexts]
+    first = [pool_learner.LEARNER.train(ctx, cfg, {C.ANCHORS: anchors}) for ctx in contexts]
     np.testing.assert_array_equal(first[0][0][C.Q_ANCHORS], first[1][0][C.Q_ANCHORS])
     assert first[0][0][C.Q_ANCHORS].shape == (200, cfg.pool_horizon)
     assert np.ptp(first[0][0][C.Q_ANCHORS]) > 0  # not trivially constant
@@ -83,9 +85,9 @@ def test_release_depends_on_the_data_only_through_the_noisy_counts(tmp_path, mon
     # later rounds rebuild from the stored release, never from the data
     monkeypatch.setattr(pl, "generate_dataset", lambda *a, **k: pytest.fail("data re-read"))
     teacher = first[0][0][C.Q_ANCHORS]
-    again = pl.train_reply(contexts[1], cfg, {C.ANCHORS: anchors, C.TEACHER: teacher})
+    again = pool_learner.LEARNER.train(contexts[1], cfg, {C.ANCHORS: anchors, C.TEACHER: teacher})
     np.testing.assert_array_equal(again[0][C.Q_ANCHORS], first[1][0][C.Q_ANCHORS])
-    assert set(contexts[1].state.keys()) == {pl.STATE_COUNTS, pl.STATE_RELEASE}
+    assert set(contexts[1].state.keys()) == {pool_learner.STATE_COUNTS, pool_learner.STATE_RELEASE}
 
 
 def test_noise_off_is_refused_at_the_client_unless_the_run_is_non_private(tmp_path):
@@ -128,6 +130,13 @@ def test_every_client_ledger_is_in_results_and_budgets_are_enforced(tmp_path):
     assert all(r[C.RHO_SPENT] == pytest.approx(2.5) for r in data["rounds"])
     with pytest.raises(BudgetExceededError, match=r"rho=5 refused; spent 0 of budget 1"):
         pl.release(cfg, 2, pl.ClientPrivacy.of(cfg, {"rho": 5.0, "rho-budget": 1.0}))
+
+
+def test_opendp_clients_are_reported_secure_and_numpy_clients_are_not(tmp_path):
+    secure = _run(_cfg(tmp_path, **{"pool-noise": "opendp"}), [{}, {"noise": "numpy"}])
+    ledgers = secure["final"]["privacy-ledgers"]
+    assert ledgers["0"]["noise-secure"] == 1 and ledgers["1"]["noise-secure"] == 0
+    assert ledgers["0"]["noise-sigma"] == pytest.approx(math.sqrt(2 * 7 / 1.0))
 
 
 def test_federated_pool_run_reports_a_finite_gap(tmp_path):

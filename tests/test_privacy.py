@@ -42,7 +42,9 @@ def test_sigma_calibration_matches_opendp_map():
 def test_noise_variance_matches_sigma(source):
     h, rho = 5, 1.0
     fams = {"n_sa": np.zeros(4000, dtype=np.int64), "n_sas": np.full(4000, 50, dtype=np.int64)}
-    out = release_counts(fams, rho, math.sqrt(2 * h), source, clip_at_zero=False)
+    release = release_counts(fams, rho, math.sqrt(2 * h), source, clip_at_zero=False)
+    assert release.sigma == pytest.approx(math.sqrt(2 * h / rho))
+    out = release.values
     target = 2 * h / rho
     for name, counts in fams.items():
         noise = out[name] - counts
@@ -53,7 +55,7 @@ def test_noise_variance_matches_sigma(source):
 
 
 def test_clipping_at_zero():
-    out = release_counts({"a": np.zeros(1000, dtype=int)}, 1.0, 3.0, NumpyNoise(1))
+    out = release_counts({"a": np.zeros(1000, dtype=int)}, 1.0, 3.0, NumpyNoise(1)).values
     assert out["a"].min() >= 0 and out["a"].max() > 0
 
 
@@ -95,3 +97,12 @@ def test_sources_by_name_and_labels():
         OpenDPNoise().add_noise(np.array([0.5]), 1.0)
     with pytest.raises(ValueError):
         gaussian_sigma(1.0, 0.0)
+
+
+def test_every_ledger_entry_of_a_release_records_whether_its_sampler_is_secure():
+    families = {"n_sa": np.zeros(4, dtype=int), "n_sas": np.zeros((4, 3), dtype=int)}
+    for source, secure in ((OpenDPNoise(), True), (NumpyNoise(0), False)):
+        ledger = PrivacyLedger(budget_rho=5.0)
+        release_counts(families, 1.0, 2.0, source, ledger)
+        assert [e["secure"] for e in ledger.entries] == [secure, secure]
+        assert [e["noise"] for e in ledger.entries] == [source.label] * 2

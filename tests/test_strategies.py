@@ -33,9 +33,7 @@ def _reply(node: int, arrays: dict | None = None, metrics: dict | None = None,
 
 
 def _avg_with_shape(shape):
-    strategy = FedQHDAvg()
-    strategy._readout_shape = shape  # as configure_train would set from the global readout
-    return strategy
+    return FedQHDAvg(readout_shape=shape)
 
 
 def test_readout_average_equals_average_of_client_q_functions():
@@ -56,8 +54,7 @@ def test_readout_average_equals_average_of_client_q_functions():
 def test_uniform_weighting_on_request():
     replies = [_reply(0, {C.READOUT: np.zeros((2, 1))}, {C.NUM_TRANSITIONS: 1}),
                _reply(1, {C.READOUT: np.ones((2, 1))}, {C.NUM_TRANSITIONS: 99})]
-    s = FedQHDAvg(weighting="uniform")
-    s._readout_shape = (2, 1)
+    s = FedQHDAvg(weighting="uniform", readout_shape=(2, 1))
     arrays, _ = s.aggregate_train(1, replies)
     np.testing.assert_allclose(arrays[C.READOUT].numpy(), 0.5)
     with pytest.raises(ValueError, match="weighting"):
@@ -68,9 +65,9 @@ def test_latest_aggregate_keeps_the_replies_of_nodes_not_sampled():
     def reply(node, value, n):
         return _reply(node, {C.READOUT: np.full((2, 1), float(value))}, {C.NUM_TRANSITIONS: n})
 
-    latest, sampled = FedQHDAvg(aggregate="latest"), FedQHDAvg()
+    latest = FedQHDAvg(aggregate="latest", readout_shape=(2, 1))
+    sampled = FedQHDAvg(readout_shape=(2, 1))
     for s in (latest, sampled):
-        s._readout_shape = (2, 1)
         s.aggregate_train(1, [reply(1, 0.0, 10), reply(2, 4.0, 30)])
     # round 2: node 2 sits out; "latest" still counts its round-1 reply, node 3 is new
     arrays, metrics = latest.aggregate_train(2, [reply(1, 8.0, 10), reply(3, 1.0, 60)])
@@ -87,8 +84,7 @@ def test_latest_aggregate_knows_a_restarted_node_by_its_partition_id():
         return _reply(node, {C.READOUT: np.full((2, 1), float(value))},
                       {C.NUM_TRANSITIONS: 10, C.PARTITION_ID: pid})
 
-    s = FedQHDAvg(aggregate="latest")
-    s._readout_shape = (2, 1)
+    s = FedQHDAvg(aggregate="latest", readout_shape=(2, 1))
     s.aggregate_train(1, [reply(1, 0, 0.0), reply(2, 1, 4.0)])
     # partition 1 comes back under node id 7: it replaces its old reply, not adds to it
     arrays, metrics = s.aggregate_train(2, [reply(7, 1, 2.0)])
@@ -115,6 +111,14 @@ def test_bad_replies_are_left_out_and_counted(caplog):
         1, 1, 5)
     assert "shape (4, 2), expected (3, 2)" in caplog.text
     assert "client crashed" in caplog.text
+
+
+def test_a_readout_of_another_shape_is_rejected_even_when_it_comes_first():
+    replies = [_reply(1, {C.READOUT: np.zeros((4, 2))}, {C.NUM_TRANSITIONS: 5}),
+               _reply(2, {C.READOUT: np.ones((3, 2))}, {C.NUM_TRANSITIONS: 5})]
+    arrays, metrics = _avg_with_shape((3, 2)).aggregate_train(1, replies)
+    np.testing.assert_array_equal(arrays[C.READOUT].numpy(), 1.0)
+    assert (metrics[C.REPLIES_OK], metrics[C.REPLIES_REJECTED]) == (1, 1)
 
 
 def test_all_replies_bad_keeps_the_previous_model():

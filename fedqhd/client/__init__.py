@@ -1,2 +1,2 @@
-"""Client side: the Flower ClientApp (:mod:`fedqhd.client.app`) and the local learners
-(:mod:`fedqhd.client.learners`, usable without Flower)."""
+"""Client side: the Flower ClientApp (:mod:`fedqhd.client.app`), handlers only; the
+learners it calls are in :mod:`fedqhd.learners`."""

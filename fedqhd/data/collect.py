@@ -13,6 +13,7 @@ import numpy as np
 from fedqhd.data.shard import FORMAT_VERSION, Shard
 from fedqhd.envs import episode_seeds, get_spec, heuristic_action, iter_episode, make_env
 from fedqhd.envs.classic import validate_dynamics
+from fedqhd.seeding import behaviour_rng
 
 __all__ = ["BEHAVIOUR_KIND", "collect_shard"]
 
@@ -76,7 +77,7 @@ def collect_shard(
     metadata.update(metadata_extra or {})
 
     # a stream for the behaviour's coin flips, independent of the reset seeds
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xBE4A]))
+    rng = behaviour_rng(seed)
 
     def behaviour(obs: np.ndarray) -> int:
         if rng.random() < epsilon:

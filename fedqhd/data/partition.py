@@ -29,11 +29,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fedqhd.data.collect import collect_shard
 from fedqhd.data.shard import FORMAT_VERSION, Shard, ShardError, load_shard, save_shard
 from fedqhd.envs import get_spec
+from fedqhd.seeding import dynamics_rng, shard_seed
 
 __all__ = [
     "CACHE_ENV_VAR",
@@ -124,18 +123,13 @@ def partition_settings(
     if env_id is None:
         raise ValueError("partition 'dynamics-skew' needs env_id (for the parameter ranges)")
     ranges = get_spec(env_id).dynamics_ranges
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0xD1CE]))
+    rng = dynamics_rng(seed)
     dynamics = {}
     for name in sorted(ranges):
         lo, hi = ranges[name]
         slot = rng.permutation(num_partitions)[partition_id]
         dynamics[name] = float(lo + (hi - lo) * (slot + 0.5) / num_partitions)
     return {"epsilon": float(midpoint), "dynamics": dynamics}
-
-
-def shard_seed(seed: int, partition_id: int) -> int:
-    """Collection seed of a client: independent streams per client, fixed by the run seed."""
-    return int(np.random.SeedSequence([int(seed), int(partition_id)]).generate_state(1)[0])
 
 
 def shard_filename(partition_id: int) -> str:

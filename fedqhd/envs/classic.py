@@ -30,6 +30,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.box2d.lunar_lander import heuristic as _lunar_heuristic
 
+from fedqhd.seeding import episode_rng
+
 __all__ = [
     "ENV_IDS",
     "EnvSpec",
@@ -341,7 +343,7 @@ def episode_seeds(seed: int, n_episodes: int) -> np.ndarray:
     Each episode gets its own reset seed so episodes are independent of how
     many steps earlier ones took.
     """
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x5EED]))
+    rng = episode_rng(seed)
     return rng.integers(0, 2**31 - 1, size=int(n_episodes))
 
 

@@ -46,6 +46,7 @@ import numpy as np
 
 ENV_ID = "fedqhd/Inventory-v0"
 MODELS = ("lost_sales", "backlogged")
+DEMANDS = ("uniform", "bike")  #: named demand distributions (or pass samples)
 BIKE_COLUMNS = ("casual", "registered", "cnt")
 
 Policy = Callable[[int, np.ndarray], np.ndarray]

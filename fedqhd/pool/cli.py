@@ -3,6 +3,7 @@
 ``fedqhd pool rho``    gap vs rho for nonprivate / pool / input / output
 ``fedqhd pool sweep``  gap vs one of H, lam (|lambda|), wd (w+d), M
 ``fedqhd pool grid``   norm zones vs axis grid: gap and fit wall time vs M
+``fedqhd pool federated``  does federation help a POOL client? federated vs lone vs pooled
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+from fedqhd.envs.inventory import DEMANDS, MODELS
 from fedqhd.pool.baselines import METHODS
 from fedqhd.pool.experiments import Setting, grid_study, rho_study, run_grid, sweep_study
 
@@ -30,8 +32,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lam", type=float, default=1.0, help="observable boundary per coordinate")
     p.add_argument("--rho", type=float, default=1.0)
     p.add_argument("--n", type=int, default=5000, help="offline trajectories")
-    p.add_argument("--model", choices=["lost_sales", "backlogged"], default="lost_sales")
-    p.add_argument("--demand", choices=["uniform", "bike"], default="uniform")
+    p.add_argument("--model", choices=MODELS, default="lost_sales")
+    p.add_argument("--demand", choices=DEMANDS, default="uniform")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -95,6 +97,64 @@ def _grid(a: argparse.Namespace) -> int:
                   "M (zones or grid cells)")
 
 
+def federated_study(clients: int, rho: float, seeds: int, **keys: object) -> dict[str, object]:
+    """Federated vs lone vs pooled POOL, measured the same way; gaps (%) per seed and means.
+
+    Per seed (a fresh inventory MDP and fresh shards): one in-process federated round
+    (real ServerApp logic and ClientApps, no Ray) gives the federated policy's gap
+    (server), each client's own policy alone and its teacher-informed policy (client
+    evaluation, mean over clients); the pooled row is one POOL release of all clients'
+    trajectories together at the same rho (what a single trusted curator would get).
+    All policies of a seed are scored on the same simulated demands against c*.
+    """
+    import logging
+    import tempfile
+
+    import numpy as np
+
+    from fedqhd.client.app import app as client_app
+    from fedqhd.config import RunConfig
+    from fedqhd.pool.federated import ClientPrivacy, GapEvaluator, fit, release
+    from fedqhd.server.app import run_federation
+    from fedqhd.server.inprocess import InProcessGrid
+    from fedqhd.strategies import contract as C
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(seeds):
+            cfg = RunConfig.from_run_config({
+                "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": seed,
+                "num-server-rounds": 1, "pool-rho": rho, "min-nodes": clients,
+                "output-dir": tmp, **keys})
+            grid = InProcessGrid([client_app] * clients, run_config=cfg.to_run_config())
+            _, out_dir = run_federation(grid, cfg)
+            row = json.loads((out_dir / "results.json").read_text())["rounds"][-1]
+            pooled_cfg = cfg.replace(pool_trajectories=cfg.pool_trajectories * clients)
+            counts, _ = release(pooled_cfg, 0, ClientPrivacy.of(pooled_cfg, {}))
+            pooled = GapEvaluator(cfg)(fit(pooled_cfg, counts))[C.GAP]
+            rows.append({"seed": seed, "federated": row[C.GAP], "lone": row[C.GAP_OWN],
+                         "informed": row[C.GAP_INFORMED], "pooled": pooled})
+    names = [k for k in rows[0] if k != "seed"]
+    means: dict[str, float] = {k: float(np.mean([r[k] for r in rows])) for k in names}
+    stds = {k: float(np.std([r[k] for r in rows])) for k in means}
+    diff = np.array([r["federated"] - r["lone"] for r in rows])  # paired, same seed
+    means["federated-minus-lone"], stds["federated-minus-lone"] = diff.mean(), diff.std()
+    means["seeds-federated-better"] = int(np.sum(diff < 0))
+    return {"clients": clients, "rho": rho, "keys": keys, "mean": means, "std": stds,
+            "runs": rows}
+
+
+def _federated(a: argparse.Namespace) -> int:
+    res = federated_study(a.clients, a.rho, a.seeds, **{"pool-trajectories": a.trajectories})
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "federated.json").write_text(json.dumps(res, indent=1, default=float))
+    print(json.dumps({k: res[k] for k in ("clients", "rho", "mean", "std")}, indent=1))
+    print(f"wrote {out / 'federated.json'}")
+    return 0
+
+
 def register(subparsers) -> None:
     """Add the ``pool`` command and its studies to the ``fedqhd`` dispatcher."""
     p = subparsers.add_parser("pool", help="POOL experiments (private offline inventory RL)")
@@ -113,3 +173,11 @@ def register(subparsers) -> None:
     _common(g)
     g.add_argument("--Ms", default="50,100,200,400,800")
     g.set_defaults(func=_grid)
+    f = sub.add_parser("federated", help="federated vs lone vs pooled POOL clients "
+                       "(in-process federation, no Ray)")
+    f.add_argument("--clients", type=int, default=5)
+    f.add_argument("--rho", type=float, default=1.0)
+    f.add_argument("--seeds", type=int, default=5, help="seeds 0 .. seeds-1")
+    f.add_argument("--trajectories", type=int, default=1000, help="per client")
+    f.add_argument("--out", default="outputs/pool", help="output directory")
+    f.set_defaults(func=_federated)

@@ -94,9 +94,9 @@ def privatize(counts: VisitCounts, rho: float, source: NoiseSource,
     sens = math.sqrt(2 * H)
     out = release_counts({"n_sa": counts.n_sa.astype(np.int64),
                           "n_sas": counts.n_sas.astype(np.int64)}, rho, sens, source, ledger)
-    sigma = sens / math.sqrt(rho)  # = sqrt(2H / rho), rho/2 per family
-    return NoisyCounts(out["n_sa"], out["n_sas"], counts.zones, counts.cells, rho, sigma,
-                       source.label)
+    # sigma = sqrt(2H / rho): rho/2 per family
+    return NoisyCounts(out.values["n_sa"], out.values["n_sas"], counts.zones, counts.cells, rho,
+                       out.sigma, source.label)
 
 
 def exact_counts(counts: VisitCounts) -> NoisyCounts:

@@ -11,11 +11,24 @@
 """
 
 from fedqhd.privacy.ledger import BudgetExceededError, PrivacyLedger, epsilon_cks, epsilon_exact
-from fedqhd.privacy.mechanisms import GaussianMechanism, gaussian_sigma, release_counts
-from fedqhd.privacy.noise import NoiseSource, NumpyNoise, OpenDPNoise, make_noise_source
+from fedqhd.privacy.mechanisms import (
+    CountRelease,
+    GaussianMechanism,
+    gaussian_sigma,
+    release_counts,
+)
+from fedqhd.privacy.noise import (
+    NOISE_KINDS,
+    NoiseSource,
+    NumpyNoise,
+    OpenDPNoise,
+    make_noise_source,
+)
 
 __all__ = [
+    "NOISE_KINDS",
     "BudgetExceededError",
+    "CountRelease",
     "GaussianMechanism",
     "NoiseSource",
     "NumpyNoise",

@@ -55,8 +55,16 @@ class GaussianMechanism:
         """Charge the ledger (refusing beyond budget), then return noisy values."""
         if ledger is not None:
             ledger.spend(self.rho, label=label, mechanism="gaussian", sigma=self.sigma,
-                         noise=source.label)
+                         noise=source.label, secure=bool(source.secure))
         return source.add_noise(values, self.sigma)
+
+
+@dataclass(frozen=True)
+class CountRelease:
+    """Noisy count families and the noise scale every entry got."""
+
+    values: dict[str, np.ndarray]
+    sigma: float
 
 
 def release_counts(
@@ -66,13 +74,14 @@ def release_counts(
     source: NoiseSource,
     ledger: PrivacyLedger | None = None,
     clip_at_zero: bool = True,
-) -> dict[str, np.ndarray]:
+) -> CountRelease:
     """Release several count families, splitting ``rho`` equally (zCDP composes additively).
 
     Each family gets ``rho / k`` and noise ``sigma = sensitivity / sqrt(2 rho / k)``;
     with two families and ``sensitivity^2 = 2H`` (one trajectory replaced moves
     2H counts by one) this is the POOL calibration
-    ``sigma^2 = 2H / rho``. The whole budget is checked before any noise is drawn.
+    ``sigma^2 = 2H / rho``. The whole budget is checked before any noise is drawn. Each
+    family is one ledger entry, recording the sampler and whether it is ``secure``.
     """
     k = len(families)
     if k == 0:
@@ -84,4 +93,4 @@ def release_counts(
     for name, counts in families.items():
         noisy = mech.release(counts, source, ledger, label=name)
         out[name] = np.maximum(noisy, 0.0) if clip_at_zero else noisy
-    return out
+    return CountRelease(out, mech.sigma)

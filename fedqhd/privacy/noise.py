@@ -90,6 +90,10 @@ class OpenDPNoise:
         return np.asarray(meas(flat), dtype=float).reshape(values.shape)
 
 
+#: noise kinds a client may be configured with: two sources, or none (non-private baseline)
+NOISE_KINDS: tuple[str, ...] = ("numpy", "opendp", "none")
+
+
 def make_noise_source(kind: str, random_state: int | None = None) -> NoiseSource:
     """Build a noise source by name: ``"numpy"`` (seeded, not secure) or ``"opendp"``."""
     if kind == "numpy":

@@ -27,8 +27,11 @@ class FedQHDAnchor(FunctionSpaceStrategy):
     ----------
     anchors : ndarray of shape (m, obs_dim)
         The anchor states, fixed for the whole run.
+    n_values : int
+        Values a client sends per anchor, the teacher's columns: ``|A|`` for Q-functions
+        (one per action); a learner with other values says so (POOL: its H stage values).
     n_actions : int
-        Number of discrete actions ``|A|``.
+        Keyword alias of ``n_values`` for Q-functions.
     weighting : {"transitions", "uniform"}
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
     min_available_nodes
@@ -42,20 +45,24 @@ class FedQHDAnchor(FunctionSpaceStrategy):
     ``"num-transitions"`` > 0 and optionally ``"projection-residual"``.
     """
 
-    def __init__(self, anchors: np.ndarray, n_actions: int, weighting: str = "transitions",
-                 fraction_train: float = 1.0, fraction_evaluate: float = 1.0,
-                 min_train_nodes: int = 2, min_evaluate_nodes: int = 2,
-                 min_available_nodes: int = 2) -> None:
+    def __init__(self, anchors: np.ndarray, n_values: int | None = None,
+                 weighting: str = "transitions", fraction_train: float = 1.0,
+                 fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
+                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2, *,
+                 n_actions: int | None = None) -> None:
         super().__init__(weighting, fraction_train, fraction_evaluate, min_train_nodes,
                          min_evaluate_nodes, min_available_nodes)
         anchors = np.asarray(anchors, dtype=np.float64)
         if anchors.ndim != 2 or len(anchors) == 0 or not np.all(np.isfinite(anchors)):
             raise ValueError("anchors must be a non-empty finite 2-D array (m, obs_dim), "
                              f"got shape {anchors.shape}")
-        if int(n_actions) < 1:
-            raise ValueError(f"n_actions must be >= 1, got {n_actions}")
+        if (n_values is None) == (n_actions is None):
+            raise ValueError("give exactly one of n_values and n_actions (its alias)")
+        n_values = int(n_values if n_values is not None else n_actions)  # type: ignore[arg-type]
+        if n_values < 1:
+            raise ValueError(f"n_values must be >= 1, got {n_values}")
         self.anchors = anchors
-        self.n_actions = int(n_actions)
+        self.n_values = n_values
 
     def initial_arrays(self) -> ArrayRecord:
         """The global record of round 1: anchors, no teacher yet."""
@@ -69,7 +76,7 @@ class FedQHDAnchor(FunctionSpaceStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
-        screened = screen_replies(replies, C.Q_ANCHORS, (len(self.anchors), self.n_actions),
+        screened = screen_replies(replies, C.Q_ANCHORS, (len(self.anchors), self.n_values),
                                   self.weighting == "uniform",
                                   f"FedQHDAnchor round {server_round}")
         for msg in replies:

@@ -42,6 +42,9 @@ class FedQHDAvg(FunctionSpaceStrategy):
         the mean over all clients, and averaging only the sampled ones' dual-
         shifted readouts biases it (measured in BENCHMARKS.md). Equal to
         ``"sampled"`` when every node replies every round.
+    readout_shape : tuple of int or None
+        Shape every reply's readout must have; ``None`` (default): the shape of the
+        global readout that :meth:`configure_train` sends.
     fraction_train, fraction_evaluate : float
         Fractions of connected nodes sampled for training / federated evaluation.
     min_train_nodes, min_evaluate_nodes, min_available_nodes : int
@@ -59,13 +62,14 @@ class FedQHDAvg(FunctionSpaceStrategy):
     def __init__(self, weighting: str = "transitions", fraction_train: float = 1.0,
                  fraction_evaluate: float = 0.0, min_train_nodes: int = 2,
                  min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
-                 aggregate: str = "sampled") -> None:
+                 aggregate: str = "sampled",
+                 readout_shape: tuple[int, ...] | None = None) -> None:
         if aggregate not in AGGREGATES:
             raise ValueError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
         super().__init__(weighting, fraction_train, fraction_evaluate, min_train_nodes,
                          min_evaluate_nodes, min_available_nodes)
         self.aggregate = aggregate
-        self._readout_shape: tuple[int, ...] | None = None
+        self.readout_shape = None if readout_shape is None else tuple(readout_shape)
         #: client -> (readout, weight) of its latest accepted reply (aggregate="latest")
         self._latest: dict[tuple[str, int], tuple[np.ndarray, float]] = {}
 
@@ -79,13 +83,13 @@ class FedQHDAvg(FunctionSpaceStrategy):
         if C.READOUT not in arrays:
             raise ValueError(f"FedQHDAvg needs the global '{C.READOUT}' array in its "
                              f"ArrayRecord; got keys {list(arrays.keys())}")
-        self._readout_shape = tuple(arrays[C.READOUT].shape)
+        self.readout_shape = tuple(arrays[C.READOUT].shape)
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        screened = screen_replies(replies, C.READOUT, self._readout_shape,
+        screened = screen_replies(replies, C.READOUT, self.readout_shape,
                                   self.weighting == "uniform", f"FedQHDAvg round {server_round}")
         self.last_train_metrics = screened.round_metrics()
         self.last_client_metrics = screened.per_node_metrics()

@@ -53,6 +53,10 @@ C_STAR = "c-star"                #: round: mean episode cost of the reference po
 GAP_OWN = "gap-own-percent"      #: evaluate reply: gap of the client's own POOL policy (alone)
 GAP_INFORMED = "gap-informed-percent"  #: evaluate reply: gap of its teacher-informed policy
 
+#: the reply metrics that make up a client's privacy-ledger report
+LEDGER_KEYS = (PRIVATE, RHO_SPENT, RHO_BUDGET, DELTA, EPSILON_CKS, EPSILON_EXACT, NOISE_SIGMA,
+               NOISE_SECURE, NUM_TRANSITIONS)
+
 
 def to_array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     """Wrap named numpy arrays (``ArrayRecord({"k": ndarray})`` raises in flwr 1.42)."""

@@ -1,14 +1,13 @@
-"""The POOL learner inside the federation: one private release per client, then only
-post-processing.
+"""POOL as a federated learner, without Flower: the run's inventory MDP and zoning, a
+client's one private release, its values on anchor points, teacher adoption, and
+the gap evaluation. :mod:`fedqhd.learners.pool` wires these into Flower messages.
 
 A client of a ``learner = "pool"`` run owns a shard of inventory trajectories
-(generated deterministically from (seed, partition-id)). On its first message it
-counts them and releases the counts ONCE under its own rho-zCDP
-(:func:`fedqhd.pool.client_release`), charging its :class:`PrivacyLedger`; the
-noisy counts and the ledger go into the node's ``context.state`` and the raw
-trajectories are dropped. Every later step -- POOL's fit, the values on the
-server's anchor points, the teacher-informed policy -- is computed from that
-stored release only, so it costs no further privacy (post-processing).
+(generated deterministically from (seed, partition-id)). It counts them and
+releases the counts ONCE under its own rho-zCDP (:func:`release`), charging its
+:class:`~fedqhd.privacy.PrivacyLedger`; every later step -- POOL's fit, the values on
+the server's anchor points, the teacher-informed policy -- is computed from that
+release only, so it costs no further privacy (post-processing).
 
 Anchors are (state, action) points ``b`` of shape (m, w + d) in [0, 1]^(w+d); a
 client releases ``Q[k, h] = Qbar_h(b_k)``, POOL's pessimistic Q-value at stage h
@@ -27,13 +26,11 @@ the federated policy.
 from __future__ import annotations
 
 import copy
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context
 
 from fedqhd.config import RunConfig
 from fedqhd.envs.inventory import (
@@ -43,21 +40,19 @@ from fedqhd.envs.inventory import (
     optimal_policy,
     relative_gap,
 )
-from fedqhd.pool import (
-    NoisyCounts,
-    PoolLearner,
-    client_release,
-    count_visits,
-    exact_counts,
-    make_pool_learner,
-    make_zoning,
-)
+from fedqhd.pool.api import client_release, make_pool_learner, make_zoning
+from fedqhd.pool.counts import NoisyCounts, count_visits, exact_counts
+from fedqhd.pool.learner import PoolLearner
 from fedqhd.pool.zones import GridZones, NormZones, StateCells
-from fedqhd.privacy import PrivacyLedger, make_noise_source
+from fedqhd.privacy import NOISE_KINDS, PrivacyLedger, make_noise_source
+from fedqhd.seeding import (
+    pool_anchor_rng,
+    pool_data_seed,
+    pool_evaluation_seed,
+    pool_noise_seed,
+)
 from fedqhd.strategies import contract as C
 
-STATE_COUNTS = "pool-noisy-counts"  #: context.state ArrayRecord: the released counts
-STATE_RELEASE = "pool-release"      #: context.state ConfigRecord: release facts and ledger
 COMPILE_RIDGE = 1e-3                #: ridge of the teacher compilation (toward the prior)
 
 
@@ -79,10 +74,6 @@ def zoning(cfg: RunConfig) -> tuple[NormZones | GridZones, StateCells]:
                        n_cells=cfg.pool_cells)
 
 
-def _stream(seed: int, pid: int, tag: int) -> int:
-    return int(np.random.SeedSequence([seed, pid, tag]).generate_state(1)[0])
-
-
 @dataclass(frozen=True)
 class ClientPrivacy:
     """A client's privacy settings: run config, overridden by its node config."""
@@ -95,8 +86,9 @@ class ClientPrivacy:
     @classmethod
     def of(cls, cfg: RunConfig, node_config: dict[str, Any]) -> ClientPrivacy:
         noise = str(node_config.get("noise", cfg.pool_noise))
-        if noise not in ("numpy", "opendp", "none"):
-            raise ValueError(f"node config 'noise' = {noise!r}: expected numpy, opendp or none")
+        if noise not in NOISE_KINDS:
+            raise ValueError(f"node config 'noise' = {noise!r}: expected one of "
+                             f"{', '.join(NOISE_KINDS)}")
         rho = float(node_config.get("rho", cfg.pool_rho))
         if not rho > 0 or not math.isfinite(rho):
             raise ValueError(f"node config 'rho' = {rho!r}: expected a positive finite number")
@@ -120,45 +112,13 @@ def release(cfg: RunConfig, pid: int, privacy: ClientPrivacy
             "marked non-private (set run-config non-private=true for a non-private baseline)")
     model = inventory_model(cfg)
     zones, cells = zoning(cfg)
-    data = generate_dataset(model, cfg.pool_trajectories, random_state=_stream(cfg.seed, pid, 1))
+    data = generate_dataset(model, cfg.pool_trajectories,
+                            random_state=pool_data_seed(cfg.seed, pid))
     ledger = PrivacyLedger(privacy.budget, privacy.delta, client_id=f"partition-{pid}")
     if privacy.noise == "none":
         return exact_counts(count_visits(data.states, data.actions, zones, cells)), ledger
-    source = make_noise_source(privacy.noise, random_state=_stream(cfg.seed, pid, 2))
-    counts = client_release(data, zones, cells, privacy.rho, source, ledger)
-    ledger.entries[-1]["secure"] = source.secure
-    return counts, ledger
-
-
-def node_release(context: Context, cfg: RunConfig) -> tuple[NoisyCounts, dict[str, float]]:
-    """This node's released counts and ledger metrics, released on first use and then
-    read back from ``context.state`` (the raw shard is never regenerated)."""
-    if STATE_COUNTS not in context.state:
-        pid = int(context.node_config["partition-id"])
-        counts, ledger = release(cfg, pid, ClientPrivacy.of(cfg, dict(context.node_config)))
-        context.state[STATE_COUNTS] = C.to_array_record({"n_sa": counts.n_sa,
-                                                         "n_sas": counts.n_sas})
-        context.state[STATE_RELEASE] = ConfigRecord({
-            "rho": counts.rho if counts.private else -1.0, "sigma": counts.sigma,
-            "noise": counts.noise, "partition-id": pid,
-            "metrics": json.dumps(ledger_metrics(counts, ledger, pid, cfg)),
-            "ledger": ledger.to_json()})
-    return stored_counts(context.state[STATE_COUNTS], context.state[STATE_RELEASE], cfg)
-
-
-def stored_counts(arrays: ArrayRecord, facts: ConfigRecord, cfg: RunConfig
-                  ) -> tuple[NoisyCounts, dict[str, float]]:
-    """Rebuild :class:`NoisyCounts` from the node state (zones and cells are public)."""
-    zones, cells = zoning(cfg)
-    a = C.from_array_record(arrays)
-    expected = (cfg.pool_horizon, zones.n_zones, cells.n_cells)
-    if a["n_sas"].shape != expected:
-        raise ValueError(f"stored POOL counts have shape {a['n_sas'].shape}, the run config "
-                         f"needs {expected}")
-    rho = float(facts["rho"])
-    counts = NoisyCounts(a["n_sa"], a["n_sas"], zones, cells, rho if rho > 0 else math.inf,
-                         float(facts["sigma"]), str(facts["noise"]))
-    return counts, json.loads(str(facts["metrics"]))
+    source = make_noise_source(privacy.noise, random_state=pool_noise_seed(cfg.seed, pid))
+    return client_release(data, zones, cells, privacy.rho, source, ledger), ledger
 
 
 def ledger_metrics(counts: NoisyCounts, ledger: PrivacyLedger, pid: int, cfg: RunConfig
@@ -242,7 +202,7 @@ class GapEvaluator:
     def __init__(self, cfg: RunConfig) -> None:
         self.model = inventory_model(cfg)
         self.episodes = cfg.pool_eval_episodes
-        self.seed = _stream(cfg.seed, 2**31 - 1, 3)
+        self.seed = pool_evaluation_seed(cfg.seed)
         reference, _ = optimal_policy(self.model)
         self.c_star = self.model.rollout_cost(reference, self.episodes, self.seed)
 
@@ -252,46 +212,25 @@ class GapEvaluator:
                 C.RETURN_MEAN: -cost}
 
 
-# --------------------------------------------------------------- message handlers
-def train_reply(context: Context, cfg: RunConfig, arrays: dict[str, np.ndarray]
-                ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-    """Arrays and metrics of a train reply: the client's own anchor values (never the
-    teacher-informed ones, so a release depends on its noisy counts alone) and its
-    ledger; with a teacher, also how closely the client's compiled policy follows it."""
-    counts, metrics = node_release(context, cfg)
-    learner = fit(cfg, counts)
-    anchors = arrays[C.ANCHORS]
-    if C.TEACHER in arrays:
-        _, residual = adopt_teacher(learner, anchors, arrays[C.TEACHER], cfg.pool_trust)
-        metrics[C.PROJECTION_RESIDUAL] = residual
-    return {C.Q_ANCHORS: anchor_values(learner, anchors)}, metrics
+def pool_anchors(cfg: RunConfig) -> np.ndarray:
+    """``num-anchors`` (state, action) points in [0, 1]^(w+d).
 
-
-def evaluate_metrics(context: Context, cfg: RunConfig, arrays: dict[str, np.ndarray]
-                     ) -> dict[str, float]:
-    """Gap of the client's own POOL policy (alone) and of its teacher-informed policy.
-
-    Needs the simulator, so it is a simulation-only measurement; nothing private is
-    used beyond the stored release.
+    ``uniform``: uniform in the cube; ``rollouts``: (s, a) pairs of uniform-random
+    orders in the public simulator (the behaviour distribution, no client data);
+    ``file``: a .npy array of shape (m, w + d) with values in [0, 1].
     """
-    counts, metrics = node_release(context, cfg)
-    learner = fit(cfg, counts)
-    evaluator = _evaluator(cfg)
-    out = {C.NUM_TRANSITIONS: metrics[C.NUM_TRANSITIONS], C.PRIVATE: metrics[C.PRIVATE],
-           C.GAP_OWN: evaluator(learner)[C.GAP]}
-    if C.TEACHER in arrays:
-        informed, _ = adopt_teacher(learner, arrays[C.ANCHORS], arrays[C.TEACHER],
-                                    cfg.pool_trust)
-        out[C.GAP_INFORMED] = evaluator(informed)[C.GAP]
-    return out
-
-
-_EVALUATORS: dict[RunConfig, GapEvaluator] = {}
-
-
-def _evaluator(cfg: RunConfig) -> GapEvaluator:
-    """One evaluator (c* and its demands) per run config and process."""
-    if cfg not in _EVALUATORS:
-        _EVALUATORS.clear()
-        _EVALUATORS[cfg] = GapEvaluator(cfg)
-    return _EVALUATORS[cfg]
+    w, m = cfg.pool_products, cfg.num_anchors
+    rng = pool_anchor_rng(cfg.seed)
+    if cfg.anchor_source == "uniform":
+        return rng.random((m, 2 * w))
+    if cfg.anchor_source == "rollouts":
+        per = math.ceil(m / cfg.pool_horizon)
+        data = generate_dataset(inventory_model(cfg), per, random_state=int(rng.integers(2**31)))
+        b = np.concatenate([data.states[:, :-1], data.actions], axis=-1).reshape(-1, 2 * w)
+        return b[rng.permutation(len(b))[:m]]
+    anchors = np.load(cfg.anchor_file, allow_pickle=False).astype(np.float64)
+    if anchors.ndim != 2 or anchors.shape[1] != 2 * w or not np.all((anchors >= 0)
+                                                                    & (anchors <= 1)):
+        raise ValueError(f"anchor file {cfg.anchor_file}: expected (m, {2 * w}) values in "
+                         f"[0, 1] for pool-products = {w}, got shape {anchors.shape}")
+    return anchors

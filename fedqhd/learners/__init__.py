@@ -1,0 +1,45 @@
+"""The learner registry: one name per local learner, each with its strategy, client
+handlers, server evaluation, log line and final report.
+
+``fqi`` (ridge fitted Q-iteration on HD features, :mod:`fedqhd.learners.fqi`) and
+``pool`` (zCDP-private POOL on the inventory MDP, :mod:`fedqhd.learners.pool`) are
+built in. A learner is a module-level object implementing
+:class:`~fedqhd.learners.base.Learner`; :func:`register_learner` adds one under a
+new name (``"module:attribute"``, imported on first use).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from fedqhd.learners.base import Learner, ServerPlan
+
+#: name -> "module:attribute" of the learner object, imported on first use
+_REGISTRY: dict[str, str] = {
+    "fqi": "fedqhd.learners.fqi:LEARNER",
+    "pool": "fedqhd.learners.pool:LEARNER",
+}
+
+
+def learner_names() -> tuple[str, ...]:
+    """The registered learner names (the valid values of run-config ``learner``)."""
+    return tuple(_REGISTRY)
+
+
+def get_learner(name: str) -> Learner:
+    """The learner registered as ``name``."""
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown learner {name!r}; registered: {', '.join(_REGISTRY)}")
+    module, _, attribute = _REGISTRY[name].partition(":")
+    learner: Learner = getattr(importlib.import_module(module), attribute)
+    return learner
+
+
+def register_learner(name: str, target: str) -> None:
+    """Register ``"module:attribute"`` as learner ``name`` (imported on first use)."""
+    if ":" not in target:
+        raise ValueError(f"learner target must be 'module:attribute', got {target!r}")
+    _REGISTRY[name] = target
+
+
+__all__ = ["Learner", "ServerPlan", "get_learner", "learner_names", "register_learner"]

@@ -1,0 +1,78 @@
+"""What a learner gives the federation: the contract between the apps and a learner.
+
+A learner plays the part of ``task.py`` in Flower's examples: the ServerApp and
+the ClientApp both import it and never each other. The ServerApp asks it for a
+:class:`ServerPlan` (strategy, first global arrays, server-side evaluation, run
+facts), a log line per round and a final report; the ClientApp hands it each
+train and evaluate message's arrays and gets back the reply's arrays and metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.serverapp.strategy import Strategy
+
+if TYPE_CHECKING:
+    from fedqhd.config import RunConfig
+
+Arrays = dict[str, np.ndarray]
+Metrics = dict[str, float]
+
+
+@dataclass
+class ServerPlan:
+    """Everything the ServerApp needs from a learner to run rounds.
+
+    Attributes
+    ----------
+    strategy : Strategy
+        A fedqhd function-space strategy, possibly wrapped (privacy screen); it
+        exposes ``last_train_metrics`` and ``last_evaluate_metrics``.
+    initial_arrays : ArrayRecord
+        The global record sent in round 1.
+    evaluate : callable or None
+        Server-side evaluation of the global arrays after each round.
+    run_info : dict
+        Facts recorded in ``run_config.json`` (shapes, anchor layout).
+    """
+
+    strategy: Strategy
+    initial_arrays: ArrayRecord
+    evaluate: Callable[[ArrayRecord], MetricRecord | None] | None = None
+    run_info: dict[str, Any] = field(default_factory=dict)
+
+
+class Learner(Protocol):
+    """One entry of the learner registry (:mod:`fedqhd.learners`)."""
+
+    name: str
+    log_label: str  #: how the round's log line starts ("fedqhd round 3/20: ...")
+
+    def check_config(self, cfg: RunConfig) -> str | None:
+        """A problem with ``cfg`` for this learner (names the key), or ``None``."""
+
+    def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
+        """Strategy, first arrays and server evaluation of a run."""
+
+    def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
+        """The log line of a finished round (its results row)."""
+
+    def final_report(self, plan: ServerPlan, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """Extra entries for ``results.json``'s ``final`` (e.g. privacy ledgers)."""
+
+    def train(self, context: Context, cfg: RunConfig, arrays: Arrays
+              ) -> tuple[Arrays | None, Metrics]:
+        """A client's train step: the reply's arrays and metrics."""
+
+    def evaluate(self, context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
+        """A client's evaluation of the global model: the reply's metrics."""
+
+
+def partition(context: Context) -> tuple[int, int]:
+    """This node's (partition-id, num-partitions) from its node config."""
+    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])

@@ -1,0 +1,310 @@
+"""The FQI learner, in the role of Flower's ``task.py``: ridge fitted Q-iteration on a
+client's private shard with HD features, and everything both apps need about it.
+
+* :class:`FQILearner` -- one client's encoded shard and readout (no Flower): local
+  sweeps pulled toward a global readout, one consensus-ADMM step, compilation of a
+  teacher given on anchor states, Q-values on anchors, the greedy policy.
+* The run's settings turned into objects: the shared or the client's own encoder,
+  the local ridge and ADMM penalty, the node's learner (built once per process).
+* :func:`greedy_return` -- THE evaluation of a greedy policy, with its episode seeds
+  (server: :data:`~fedqhd.seeding.SERVER`; clients: their partition id).
+* :data:`LEARNER` -- the registry entry: FedQHDAvg for a shared encoder (the server
+  evaluates the global readout), FedQHDAnchor for heterogeneous encoders (each client
+  evaluates its compiled policy in its own environment).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, MetricRecord
+
+from fedqhd.anchors import make_anchors
+from fedqhd.config import RunConfig
+from fedqhd.data import Shard, client_shard
+from fedqhd.encoders import HDEncoder, heterogeneous_encoder_params, shared_encoder_params
+from fedqhd.envs import ENV_IDS, get_spec, rollout_returns
+from fedqhd.learners.base import Arrays, Metrics, ServerPlan, partition
+from fedqhd.readout import RidgeFQI, RidgeSystem
+from fedqhd.seeding import SERVER, anchor_seed, evaluation_seed
+from fedqhd.strategies import FedQHDAnchor, FedQHDAvg
+from fedqhd.strategies import contract as C
+
+STATE_ADMM = "fedqhd-admm"  #: context.state ArrayRecord: the ADMM client's last reply
+
+
+class FQILearner:
+    """Ridge fitted Q-iteration on one client's shard with the client's own encoder.
+
+    Parameters
+    ----------
+    shard : Shard
+        The client's private transitions (never leaves the learner).
+    encoder : HDEncoder
+        A fitted encoder; its dimension sets the readout's shape (D, |A|).
+    n_actions : int
+    gamma, ridge, proximal : float
+        Discount, penalty toward zero, penalty toward the readout training starts from.
+    compile_ridge : float or None
+        Ridge penalty of the teacher compilation (default: ``ridge``).
+    """
+
+    def __init__(self, shard: Shard, encoder: HDEncoder, n_actions: int, gamma: float = 0.99,
+                 ridge: float = 1.0, proximal: float = 1.0,
+                 compile_ridge: float | None = None) -> None:
+        self.encoder = encoder
+        self.n_actions = int(n_actions)
+        self.compile_ridge = float(ridge if compile_ridge is None else compile_ridge)
+        self.n_transitions = int(shard.n_transitions)
+        self.fqi = RidgeFQI(
+            encoder.encode(shard.observations), shard.actions, shard.rewards,
+            encoder.encode(shard.next_observations), shard.terminated, n_actions,
+            gamma=gamma, ridge=ridge, proximal=proximal)
+        self._anchor_key: str | None = None
+        self._anchor_system: RidgeSystem | None = None
+
+    @property
+    def readout(self) -> np.ndarray:
+        return self.fqi.readout_
+
+    @readout.setter
+    def readout(self, value: np.ndarray) -> None:
+        value = np.asarray(value, dtype=np.float64)
+        if value.shape != self.fqi.readout_.shape:
+            raise ValueError(f"readout must have shape {self.fqi.readout_.shape}, "
+                             f"got {value.shape}")
+        self.fqi.readout_ = value
+
+    def train(self, iterations: int, start: np.ndarray | None = None) -> dict[str, float]:
+        """``iterations`` FQI sweeps from ``start`` (default: current readout), each pulled
+        toward ``start`` by the proximal term so federated knowledge is not forgotten."""
+        result = self.fqi.fit(iterations, init=start)
+        return {"bellman-residual": result.bellman_residuals[-1]}
+
+    def consensus_step(self, global_readout: np.ndarray, iterations: int,
+                       last_reply: np.ndarray | None = None
+                       ) -> tuple[np.ndarray, dict[str, float]]:
+        """One client step of consensus ADMM; returns (reply, metrics).
+
+        Why: averaging plain local fits converges to a biased fixed point (each
+        client shrinks the directions its data does not cover); ADMM's dual
+        variable cancels that bias, so the fixed point of the federation is
+        pooled ridge FQI. With the learner built with ``proximal = penalty * n_i``
+        (``n_i``: its transitions), client ``i`` solves, per action,
+
+            min (||Phi_i w - y_i||^2 + ridge_i ||w||^2) / n_i + penalty ||w - z + v_i||^2
+
+        from the global readout ``z`` (``iterations`` sweeps, the first with
+        targets ``y_i`` under ``z``), after the dual update ``v_i += w_i - z``, and
+        replies ``w_i + v_i``; the server's weighted mean of the replies is the
+        next ``z``. At a fixed point the clients' gradients sum to zero: the
+        stationarity condition of FQI on the pooled data (for transition
+        weights and ``ridge_i`` the client's share ``ridge / n`` of the pooled
+        penalty).
+
+        The client's whole memory is its last reply: the updated dual
+        ``v_i + w_i - z`` is ``last_reply - z``.
+        """
+        z = np.asarray(global_readout, dtype=np.float64)
+        fresh = last_reply is None or last_reply.shape != z.shape
+        dual = np.zeros_like(z) if fresh else last_reply - z
+        result = self.fqi.fit(iterations, init=z, prior=z - dual)
+        local = self.fqi.readout_
+        scale = max(np.linalg.norm(local), np.linalg.norm(z), 1e-300)
+        gap = float(np.linalg.norm(local - z) / scale)  # in [0, 2]; 1 while z = 0
+        return local + dual, {"bellman-residual": result.bellman_residuals[-1],
+                              "consensus-gap": gap}
+
+    def compile(self, anchors: np.ndarray, teacher: np.ndarray) -> float:
+        """Replace the readout by the ridge projection of ``teacher`` (Q on ``anchors``)
+        onto this client's features; returns the residual ``||X W - T||_F``.
+
+        The anchor system is factored once per anchor set and reused every round.
+        """
+        key = hashlib.sha1(np.ascontiguousarray(anchors, dtype=np.float64).tobytes()).hexdigest()
+        if key != self._anchor_key:
+            self._anchor_system = RidgeSystem(self.encoder.encode(anchors), self.compile_ridge)
+            self._anchor_key = key
+        system = self._anchor_system
+        self.readout = system.solve(teacher)
+        return float(np.linalg.norm(system.features @ self.readout - teacher))
+
+    def q_values(self, states: np.ndarray) -> np.ndarray:
+        """Q(s, .) for each row of ``states``, shape (n, |A|)."""
+        return self.encoder.encode(states) @ self.readout
+
+    def policy(self) -> Callable[[np.ndarray], int]:
+        """The greedy policy of the current readout (a frozen copy)."""
+        return greedy_policy(self.encoder, self.readout.copy())
+
+
+def greedy_policy(encoder: HDEncoder, readout: np.ndarray) -> Callable[[np.ndarray], int]:
+    """``s -> argmax_a phi(s) . w_a`` for one observation at a time."""
+
+    def act(observation: np.ndarray) -> int:
+        return int(np.argmax(encoder.encode(observation[None, :])[0] @ readout))
+
+    return act
+
+
+def greedy_return(cfg: RunConfig, encoder: HDEncoder, readout: np.ndarray, party: int = SERVER,
+                  dynamics: dict[str, float] | None = None) -> np.ndarray:
+    """Returns of ``eval-episodes`` greedy episodes of ``readout``, on the fixed episode seeds
+    of evaluator ``party`` (the server, or a client's partition id), under ``dynamics``."""
+    return rollout_returns(cfg.env_id, greedy_policy(encoder, readout), cfg.eval_episodes,
+                           seed=evaluation_seed(cfg.seed, party), dynamics=dynamics or None)
+
+
+# ---------------------------------------------------------------- settings -> objects
+def shared_encoder(cfg: RunConfig) -> HDEncoder:
+    """The run's shared encoder, as the server and every client build it."""
+    return shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(
+        get_spec(cfg.env_id).obs_bound)
+
+
+def client_encoder(cfg: RunConfig, partition_id: int) -> HDEncoder:
+    """A client's encoder: the shared one, or its own (heterogeneous setting)."""
+    if cfg.encoder == "shared":
+        return shared_encoder(cfg)
+    return heterogeneous_encoder_params(cfg.seed, partition_id, cfg.bandwidth).build(
+        get_spec(cfg.env_id).obs_bound)
+
+
+def local_ridge(ridge: float, num_partitions: int) -> float:
+    """Each of n clients carries ``ridge / n`` of the pooled objective's penalty, so the
+    clients' objectives add up to the pooled one; a client penalising with the full
+    ``ridge`` over-smooths, and the average of over-smoothed fits stays over-smoothed."""
+    return ridge / num_partitions
+
+
+def uses_admm(cfg: RunConfig) -> bool:
+    """Consensus ADMM applies to readout averaging (shared encoder) only."""
+    return cfg.resolved_strategy == "avg" and cfg.client_update == "admm"
+
+
+def local_proximal(cfg: RunConfig, n_transitions: int) -> float:
+    """The learner's proximal weight: ADMM's penalty is per transition (so the server's
+    transition-weighted mean is the consensus step), the plain pull is absolute."""
+    return cfg.admm_penalty * n_transitions if uses_admm(cfg) else cfg.proximal
+
+
+#: learners kept in this process between rounds (encoded shard and factorisations), for
+#: every node of the current run this process serves (a Ray actor serves many nodes);
+#: a new process rebuilds the same learner deterministically
+_NODE_LEARNERS: dict[tuple[Any, ...], tuple[FQILearner, Shard]] = {}
+
+
+def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
+    """This node's learner and shard (built once per process)."""
+    pid, n_parts = partition(context)
+    data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
+    key = (context.run_id, pid, n_parts, data_dir, cfg)
+    if key not in _NODE_LEARNERS:
+        shard = client_shard(cfg.env_id, cfg.partition, pid, n_parts, cfg.episodes_per_client,
+                             cfg.seed, data_dir=data_dir or None,
+                             epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max)
+        learner = FQILearner(shard, client_encoder(cfg, pid), get_spec(cfg.env_id).n_actions,
+                             gamma=cfg.gamma, ridge=local_ridge(cfg.ridge, n_parts),
+                             proximal=local_proximal(cfg, shard.n_transitions),
+                             compile_ridge=cfg.ridge)
+        for stale in [k for k in _NODE_LEARNERS if k[0] != context.run_id or k[4] != cfg]:
+            del _NODE_LEARNERS[stale]  # free what earlier runs left in this process
+        _NODE_LEARNERS[key] = (learner, shard)
+    return _NODE_LEARNERS[key]
+
+
+def _adopt_global(learner: FQILearner, arrays: Arrays, metrics: Metrics) -> None:
+    """Set the learner's readout from what the server sent: the global readout, or the
+    compiled teacher (recording the projection residual)."""
+    if C.READOUT in arrays:
+        learner.readout = arrays[C.READOUT]
+    elif C.TEACHER in arrays:
+        metrics[C.PROJECTION_RESIDUAL] = learner.compile(arrays[C.ANCHORS], arrays[C.TEACHER])
+    else:
+        learner.readout = np.zeros_like(learner.readout)
+
+
+# ------------------------------------------------------------------ registry entry
+class FQI:
+    """Registry entry ``fqi``."""
+
+    name = "fqi"
+    log_label = "fedqhd"
+
+    def check_config(self, cfg: RunConfig) -> str | None:
+        if cfg.env_id not in ENV_IDS:
+            return (f"run-config key 'learner' = 'fqi' needs a classic 'env-id' "
+                    f"({', '.join(ENV_IDS)}); {cfg.env_id!r} is not one")
+        return None
+
+    def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
+        spec = get_spec(cfg.env_id)
+        if cfg.resolved_strategy == "anchor":
+            anchors = make_anchors(cfg.anchor_source, cfg.env_id, cfg.num_anchors,
+                                   seed=anchor_seed(cfg.seed), path=cfg.anchor_file)
+            strategy = FedQHDAnchor(anchors, spec.n_actions, fraction_evaluate=1.0,
+                                    **strategy_kwargs)
+            return ServerPlan(strategy, strategy.initial_arrays(),
+                              run_info={"anchors-shape": list(anchors.shape)})
+        # ADMM's consensus is over all clients: keep every node's latest reply
+        avg = FedQHDAvg(fraction_evaluate=0.0, aggregate="latest" if uses_admm(cfg) else "sampled",
+                        **{k: v for k, v in strategy_kwargs.items() if k != "min_evaluate_nodes"})
+        encoder = shared_encoder(cfg)
+
+        def evaluate(arrays: ArrayRecord) -> MetricRecord:
+            returns = greedy_return(cfg, encoder, arrays[C.READOUT].numpy())
+            return MetricRecord({C.RETURN_MEAN: float(returns.mean()),
+                                 C.RETURN_STD: float(returns.std())})
+
+        shape = [cfg.hd_dim, spec.n_actions]
+        return ServerPlan(avg, C.to_array_record({C.READOUT: np.zeros(shape)}), evaluate,
+                          {"readout-shape": shape})
+
+    def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
+        gap = (f" | consensus gap {row[C.CONSENSUS_GAP]:.3g}" if C.CONSENSUS_GAP in row else "")
+        return (f"return {row.get(C.RETURN_MEAN, float('nan')):.1f} +- "
+                f"{row.get(C.RETURN_STD, float('nan')):.1f} | bellman residual "
+                f"{row.get(C.BELLMAN_RESIDUAL, float('nan')):.3g}{gap} | replies ok "
+                f"{row.get(C.REPLIES_OK, 0)} failed {row.get(C.REPLIES_FAILED, 0)} rejected "
+                f"{row.get(C.REPLIES_REJECTED, 0)}")
+
+    def final_report(self, plan: ServerPlan, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return None
+
+    def train(self, context: Context, cfg: RunConfig, arrays: Arrays
+              ) -> tuple[Arrays | None, Metrics]:
+        """Adopt the global Q-function, run local FQI sweeps pulled toward it, reply (admm:
+        one consensus step, its dual kept in ``context.state``)."""
+        learner, _ = node_learner(context, cfg)
+        metrics: Metrics = {C.NUM_TRANSITIONS: learner.n_transitions}
+        if C.READOUT in arrays and uses_admm(cfg):
+            # identifies the client to the server's latest-reply memory across node restarts
+            metrics[C.PARTITION_ID] = partition(context)[0]
+            last = (context.state[STATE_ADMM]["reply"].numpy()  # type: ignore[union-attr]
+                    if STATE_ADMM in context.state else None)
+            reply, step = learner.consensus_step(arrays[C.READOUT], cfg.local_iterations, last)
+            context.state[STATE_ADMM] = C.to_array_record({"reply": reply})
+            return {C.READOUT: reply}, {**metrics, **step}
+        _adopt_global(learner, arrays, metrics)
+        metrics.update(learner.train(cfg.local_iterations, start=learner.readout))
+        if C.READOUT in arrays:
+            return {C.READOUT: learner.readout}, metrics
+        return {C.Q_ANCHORS: learner.q_values(arrays[C.ANCHORS])}, metrics
+
+    def evaluate(self, context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
+        """Greedy return of the global Q-function as this client's features express it
+        (compiled teacher, or the shared readout), in this client's own environment."""
+        learner, shard = node_learner(context, cfg)
+        metrics: Metrics = {C.NUM_TRANSITIONS: learner.n_transitions}
+        _adopt_global(learner, arrays, metrics)
+        returns = greedy_return(cfg, learner.encoder, learner.readout, party=partition(context)[0],
+                                dynamics=shard.metadata.get("dynamics"))
+        metrics[C.RETURN_MEAN] = float(returns.mean())
+        metrics[C.RETURN_STD] = float(returns.std())
+        return metrics
+
+
+LEARNER = FQI()
