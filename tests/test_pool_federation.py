@@ -151,7 +151,7 @@ def test_federated_pool_run_reports_a_finite_gap(tmp_path):
 def test_run_config_ties_learners_to_their_tasks():
     with pytest.raises(ConfigError, match="'learner' = 'pool' needs 'env-id'"):
         RunConfig.from_run_config({"learner": "pool"})
-    with pytest.raises(ConfigError, match="needs a classic 'env-id'"):
+    with pytest.raises(ConfigError, match="'learner' = 'fqi' needs 'env-id'"):
         RunConfig.from_run_config({"env-id": "fedqhd/Inventory-v0"})
     with pytest.raises(ConfigError, match="expected bool"):
         RunConfig.from_run_config({"non-private": 1})

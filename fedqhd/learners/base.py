@@ -73,6 +73,14 @@ class Learner(Protocol):
         """A client's evaluation of the global model: the reply's metrics."""
 
 
+def env_problem(learner: str, env_ids: tuple[str, ...], env_id: str) -> str | None:
+    """The config error of a learner run on a task it does not support, or ``None``."""
+    if env_id in env_ids:
+        return None
+    return (f"run-config key 'learner' = {learner!r} needs 'env-id' in {list(env_ids)}, "
+            f"got {env_id!r}")
+
+
 def partition(context: Context) -> tuple[int, int]:
     """This node's (partition-id, num-partitions) from its node config."""
     return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])

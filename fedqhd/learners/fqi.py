@@ -27,7 +27,7 @@ from fedqhd.config import RunConfig
 from fedqhd.data import Shard, client_shard
 from fedqhd.encoders import HDEncoder, heterogeneous_encoder_params, shared_encoder_params
 from fedqhd.envs import ENV_IDS, get_spec, rollout_returns
-from fedqhd.learners.base import Arrays, Metrics, ServerPlan, partition
+from fedqhd.learners.base import Arrays, Metrics, ServerPlan, env_problem, partition
 from fedqhd.readout import RidgeFQI, RidgeSystem
 from fedqhd.seeding import SERVER, anchor_seed, evaluation_seed
 from fedqhd.strategies import FedQHDAnchor, FedQHDAvg
@@ -235,10 +235,7 @@ class FQI:
     log_label = "fedqhd"
 
     def check_config(self, cfg: RunConfig) -> str | None:
-        if cfg.env_id not in ENV_IDS:
-            return (f"run-config key 'learner' = 'fqi' needs a classic 'env-id' "
-                    f"({', '.join(ENV_IDS)}); {cfg.env_id!r} is not one")
-        return None
+        return env_problem(self.name, ENV_IDS, cfg.env_id)
 
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
         spec = get_spec(cfg.env_id)

@@ -20,7 +20,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 
 from fedqhd.config import RunConfig
 from fedqhd.envs.inventory import ENV_ID
-from fedqhd.learners.base import Arrays, Metrics, ServerPlan, partition
+from fedqhd.learners.base import Arrays, Metrics, ServerPlan, env_problem, partition
 from fedqhd.pool.counts import NoisyCounts
 from fedqhd.pool.federated import (
     ClientPrivacy,
@@ -109,13 +109,11 @@ class Pool:
     log_label = "fedqhd pool"
 
     def check_config(self, cfg: RunConfig) -> str | None:
-        if cfg.env_id not in ENV_IDS:
-            return (f"run-config key 'learner' = 'pool' needs 'env-id' in {list(ENV_IDS)}, "
-                    f"got {cfg.env_id!r}")
-        if cfg.strategy == "avg":
+        problem = env_problem(self.name, ENV_IDS, cfg.env_id)
+        if problem is None and cfg.strategy == "avg":
             return ("run-config key 'learner' = 'pool' needs 'strategy' = 'anchor' or 'auto': "
                     "POOL clients release values on anchors")
-        return None
+        return problem
 
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
         anchors = pool_anchors(cfg)
