@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from gymnasium.spaces import Discrete
 
 from fedqhd.envs import get_spec, make_env
 
@@ -26,13 +27,15 @@ def rollout_anchors(env_id: str, m: int, seed: int, length: int = ROLLOUT_LENGTH
     rng = np.random.default_rng(seed)
     states: list[np.ndarray] = []
     try:
+        action_space = env.action_space
+        assert isinstance(action_space, Discrete), f"{env_id}: rollouts need discrete actions"
         while len(states) < m:
             obs, _ = env.reset(seed=int(rng.integers(2**31)))
             states.append(obs)
             for _ in range(length - 1):
                 if len(states) >= m:
                     break
-                obs, _, terminated, truncated, _ = env.step(int(rng.integers(env.action_space.n)))
+                obs, _, terminated, truncated, _ = env.step(int(rng.integers(action_space.n)))
                 states.append(obs)
                 if terminated or truncated:
                     break

@@ -141,7 +141,7 @@ def run_bench(env_id: str, n_clients: int, seeds: list[int], rounds: int,
         row["fedqhd-anchor"] = _federated(base.replace(encoder="heterogeneous"), n_clients)
         row["wall-time-s"] = round(time.time() - t0, 1)
         rows.append(row)
-    summary = {
+    summary: dict[str, Any] = {
         "env-id": env_id, "clients": n_clients, "rounds": rounds, "seeds": seeds,
         "config": RunConfig(env_id=env_id, num_server_rounds=rounds, **overrides).to_run_config(),
         "per-seed": rows,

@@ -274,7 +274,9 @@ def save_shard(shard: Shard, path: str | os.PathLike[str]) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **shard.arrays(), metadata=np.array(meta_json))
+            # typed as Any: numpy's stub would match ** of arrays against allow_pickle: bool
+            arrays: dict[str, Any] = shard.arrays()
+            np.savez(fh, **arrays, metadata=np.array(meta_json))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

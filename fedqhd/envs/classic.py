@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -214,7 +215,8 @@ def validate_dynamics(env_id: str, dynamics: dict[str, float] | None) -> dict[st
 
 
 def _apply_cartpole(env: gym.Env, p: dict[str, float]) -> None:
-    u = env.unwrapped
+    # the physics constants are plain attributes of the concrete env class, not of gym.Env
+    u: Any = env.unwrapped
     u.length, u.gravity, u.masscart, u.masspole = (
         p["length"],
         p["gravity"],
@@ -227,7 +229,7 @@ def _apply_cartpole(env: gym.Env, p: dict[str, float]) -> None:
 
 
 def _apply_acrobot(env: gym.Env, p: dict[str, float]) -> None:
-    u = env.unwrapped
+    u: Any = env.unwrapped
     u.LINK_MASS_1, u.LINK_MASS_2 = p["link_mass_1"], p["link_mass_2"]
     u.LINK_LENGTH_1, u.LINK_LENGTH_2 = p["link_length_1"], p["link_length_2"]
     # uniform rods: centre of mass at mid-length (stock: 1.0 m -> 0.5 m)
@@ -236,7 +238,8 @@ def _apply_acrobot(env: gym.Env, p: dict[str, float]) -> None:
 
 
 def _apply_mountain_car(env: gym.Env, p: dict[str, float]) -> None:
-    env.unwrapped.force, env.unwrapped.gravity = p["force"], p["gravity"]
+    u: Any = env.unwrapped
+    u.force, u.gravity = p["force"], p["gravity"]
 
 
 #: post-construction setters; LunarLander takes its parameters in the constructor

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -169,6 +170,7 @@ def make_inventory_model(
     rng = np.random.default_rng(random_state)
     holding = rng.uniform(0.0, 0.5, size=(horizon, w))
     backorder = rng.uniform(0.0, 0.5, size=(horizon, w))
+    meta: dict[str, Any]
     samples, meta = None, {"demand": "uniform"}
     if isinstance(demand, str) and demand == "bike":
         series, weekday = load_bike_sharing([BIKE_COLUMNS[i % 3] for i in range(w)])

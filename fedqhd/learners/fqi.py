@@ -109,11 +109,13 @@ class FQILearner:
         ``v_i + w_i - z`` is ``last_reply - z``.
         """
         z = np.asarray(global_readout, dtype=np.float64)
-        fresh = last_reply is None or last_reply.shape != z.shape
-        dual = np.zeros_like(z) if fresh else last_reply - z
+        if last_reply is None or last_reply.shape != z.shape:
+            dual = np.zeros_like(z)
+        else:
+            dual = last_reply - z
         result = self.fqi.fit(iterations, init=z, prior=z - dual)
         local = self.fqi.readout_
-        scale = max(np.linalg.norm(local), np.linalg.norm(z), 1e-300)
+        scale = max(float(np.linalg.norm(local)), float(np.linalg.norm(z)), 1e-300)
         gap = float(np.linalg.norm(local - z) / scale)  # in [0, 2]; 1 while z = 0
         return local + dual, {"bellman-residual": result.bellman_residuals[-1],
                               "consensus-gap": gap}
@@ -129,6 +131,7 @@ class FQILearner:
             self._anchor_system = RidgeSystem(self.encoder.encode(anchors), self.compile_ridge)
             self._anchor_key = key
         system = self._anchor_system
+        assert system is not None  # set above whenever the key changed; keys start as None
         self.readout = system.solve(teacher)
         return float(np.linalg.norm(system.features @ self.readout - teacher))
 

@@ -22,6 +22,7 @@ def make_zoning(w: int, d: int, horizon: int, n_zones: int = 200, lam: float | n
     :meth:`GridZones.bins_for` bins per axis (at most ``max_cells`` cells).
     """
     lam_arr = np.broadcast_to(np.asarray(lam, dtype=float), (horizon, w + d)).copy()
+    zones: NormZones | GridZones
     if discretization == "zones":
         zones = NormZones(n_zones, lam_arr, feedback)
     elif discretization == "grid":

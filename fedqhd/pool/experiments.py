@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -89,7 +90,9 @@ def sweep_study(base: Setting, param: str, values: list[float]) -> list:
     out = []
     for v in values:
         val = int(v) // 2 if param == "wd" else (int(v) if field != "lam" else float(v))
-        out.append((f"{param}={v:g}", replace(base, **{field: val}), "pool"))
+        # one field chosen at run time; its type (int or float) is matched to that field above
+        changes: dict[str, Any] = {field: val}
+        out.append((f"{param}={v:g}", replace(base, **changes), "pool"))
     return out
 
 

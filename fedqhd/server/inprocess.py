@@ -16,6 +16,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
+from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 RUN_ID = 4242
@@ -84,5 +85,5 @@ class InProcessGrid(Grid):
     def run(self):  # pragma: no cover
         raise NotImplementedError
 
-    def set_run(self, run_id: int) -> None:  # pragma: no cover
+    def set_run(self, run: Run) -> None:  # pragma: no cover
         raise NotImplementedError

@@ -59,7 +59,9 @@ class RunRecorder:
                  "wall-time-s": round(time.time() - self.started, 3)}
         final.update(extra or {})
         self._write(final)
-        np.savez(self.out_dir / "final_model.npz", **arrays)
+        # typed as Any: numpy's stub would match ** of arrays against allow_pickle: bool
+        payload: dict[str, Any] = arrays
+        np.savez(self.out_dir / "final_model.npz", **payload)
         self.plot()
         return final
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
+from typing import cast
 
 import numpy as np
-from flwr.app import Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
 
 from . import contract as C
@@ -45,7 +46,8 @@ class ScreenedReplies:
 
     def round_metrics(self) -> MetricRecord:
         """Weighted means of the numeric reply metrics plus the screening counts."""
-        out: dict[str, float | int] = {}
+        # MetricRecord's value type (dict is invariant, so spell it out)
+        out: dict[str, int | float | list[int] | list[float]] = {}
         if self.metrics:
             w = np.asarray(self.weights, dtype=np.float64)
             w = w / w.sum()
@@ -125,7 +127,8 @@ def _check(
     record = content.get(C.ARRAYS)
     if record is None or array_key not in record:
         return f"no '{array_key}' array in record '{C.ARRAYS}'", None, {}
-    array = record[array_key].numpy()
+    # the "arrays" entry of a reply is an ArrayRecord by the message contract
+    array = cast(ArrayRecord, record)[array_key].numpy()
     if expected_shape is not None and tuple(array.shape) != tuple(expected_shape):
         return (f"'{array_key}' has shape {tuple(array.shape)}, expected "
                 f"{tuple(expected_shape)}"), None, {}
