@@ -10,6 +10,11 @@ solves plus matrix products. Each system picks its cheaper form: the dual
 
 where the proximal term pulls the solution toward a prior readout ``w0`` (the
 last global readout in federated training).
+
+Fitted Q-iteration with a ridge fit is not a contraction (the ridge projection
+can expand the sup norm), so its Q-values can grow without bound. By default
+the Bellman targets are therefore kept inside the range the rewards allow
+(:func:`value_range`, :func:`bellman_targets`).
 """
 
 from __future__ import annotations
@@ -90,6 +95,46 @@ def ridge_project(
     return readout, residual
 
 
+def value_range(rewards: np.ndarray, gamma: float) -> tuple[float, float]:
+    """The interval every discounted return (with or without termination) lies in.
+
+    With rewards in ``[r_min, r_max]`` a return ``sum_t gamma^t r_t`` over any
+    number of steps (0 after termination) lies in
+    ``[min(0, r_min) / (1 - gamma), max(0, r_max) / (1 - gamma)]``; the 0 is
+    there because an episode may end at once. ``rewards`` are the rewards seen
+    (an empty array gives ``(0, 0)``).
+    """
+    if not 0.0 <= gamma < 1.0:
+        raise ValueError(f"gamma must lie in [0, 1), got {gamma}")
+    r = np.asarray(rewards, dtype=np.float64)
+    r_min, r_max = (float(r.min()), float(r.max())) if r.size else (0.0, 0.0)
+    return min(0.0, r_min) / (1.0 - gamma), max(0.0, r_max) / (1.0 - gamma)
+
+
+def bellman_targets(
+    rewards: np.ndarray,
+    continues: np.ndarray,
+    next_q_max: np.ndarray,
+    gamma: float,
+    q_range: tuple[float, float] | None = None,
+) -> np.ndarray:
+    """``r + gamma * continues * max_a' Q(s', a')``, kept inside ``q_range``.
+
+    ``continues`` is 0 for terminated transitions and 1 otherwise (truncated
+    ones bootstrap). With ``q_range = (lo, hi)`` the next state's value is
+    clipped to ``[lo, hi]`` before discounting (a value outside the range is
+    known to be wrong) and the target is clipped to ``[lo, hi]`` again (a
+    no-op when ``q_range`` contains :func:`value_range` of the rewards). Each
+    FQI sweep then regresses on bounded targets, so Q-values cannot grow
+    without bound. ``None``: no clipping (plain FQI).
+    """
+    if q_range is None:
+        return rewards + gamma * continues * next_q_max
+    lo, hi = q_range
+    targets = rewards + gamma * continues * np.clip(next_q_max, lo, hi)
+    return np.clip(targets, lo, hi)
+
+
 @dataclass
 class FQIResult:
     """What one call of :meth:`RidgeFQI.fit` did, for logs and metrics."""
@@ -102,8 +147,9 @@ class RidgeFQI:
     """Ridge fitted Q-iteration on fixed features, one readout column per action.
 
     Each iteration regresses ``r + gamma * (1 - terminated) * max_a' Q(s', a')``
-    on ``phi(s)`` separately for every action. Truncated transitions bootstrap
-    (truncation is not termination). The per-action systems are factored at
+    on ``phi(s)`` separately for every action, with the next value and the
+    target clipped to ``value_range`` (:func:`bellman_targets`). Truncated
+    transitions bootstrap (truncation is not termination). The per-action systems are factored at
     construction and reused by every iteration and every later call of ``fit``.
 
     Parameters
@@ -120,11 +166,19 @@ class RidgeFQI:
         Penalty toward zero.
     proximal : float
         Penalty toward the prior readout given to :meth:`fit` (0: plain FQI).
+    value_range : "data", (lo, hi) or None
+        Where the Bellman targets are kept: ``"data"`` (default) the range the
+        rewards of these transitions allow (:func:`value_range`), a pair an
+        explicit range (give the same one to every client of a federation whose
+        clients see different rewards), ``None`` no bound (the old behaviour:
+        Q can diverge).
 
     Attributes
     ----------
     readout_ : ndarray of shape (D, n_actions)
         The readout after the last :meth:`fit`.
+    q_range_ : (lo, hi) or None
+        The resolved ``value_range``.
     """
 
     def __init__(
@@ -138,6 +192,7 @@ class RidgeFQI:
         gamma: float = 0.99,
         ridge: float = 1.0,
         proximal: float = 0.0,
+        value_range: str | tuple[float, float] | None = "data",
     ) -> None:
         actions = np.asarray(actions)
         if actions.size and (actions.min() < 0 or actions.max() >= n_actions):
@@ -150,6 +205,8 @@ class RidgeFQI:
         self.rewards = np.asarray(rewards, dtype=np.float64)
         self.next_features = np.asarray(next_features, dtype=np.float64)
         self.continues = 1.0 - np.asarray(terminated, dtype=np.float64)
+        self.value_range = value_range
+        self.q_range_ = _resolve_range(value_range, self.rewards, self.gamma)
         self.dim = features.shape[1]
         self._rows = [np.flatnonzero(actions == a) for a in range(self.n_actions)]
         self._systems = [RidgeSystem(features[rows], ridge, proximal) for rows in self._rows]
@@ -158,7 +215,8 @@ class RidgeFQI:
     def targets(self, readout: np.ndarray) -> np.ndarray:
         """Bellman targets of every transition under ``readout``."""
         best_next = (self.next_features @ readout).max(axis=1)
-        return self.rewards + self.gamma * self.continues * best_next
+        return bellman_targets(self.rewards, self.continues, best_next, self.gamma,
+                               self.q_range_)
 
     def fit(
         self,
@@ -193,6 +251,21 @@ class RidgeFQI:
             for a, (rows, system) in enumerate(zip(self._rows, self._systems, strict=True))
         ])
         return float(np.sqrt(np.mean(err**2))) if err.size else 0.0
+
+
+def _resolve_range(spec: str | tuple[float, float] | None, rewards: np.ndarray,
+                   gamma: float) -> tuple[float, float] | None:
+    """``value_range`` parameter -> (lo, hi) or None."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        if spec != "data":
+            raise ValueError(f"value_range must be 'data', (lo, hi) or None, got {spec!r}")
+        return value_range(rewards, gamma)
+    lo, hi = (float(v) for v in spec)
+    if not lo <= hi:
+        raise ValueError(f"value_range needs lo <= hi, got ({lo}, {hi})")
+    return lo, hi
 
 
 def greedy_actions(features: np.ndarray, readout: np.ndarray) -> np.ndarray:

@@ -1,7 +1,18 @@
 import numpy as np
 import pytest
 
-from fedqhd.readout import RidgeFQI, RidgeSystem, greedy_actions, ridge_project
+from fedqhd.config import RunConfig
+from fedqhd.data import client_shard, pooled
+from fedqhd.encoders import shared_encoder_params
+from fedqhd.envs import get_spec
+from fedqhd.readout import (
+    RidgeFQI,
+    RidgeSystem,
+    bellman_targets,
+    greedy_actions,
+    ridge_project,
+    value_range,
+)
 
 
 def _direct(phi, y, ridge, proximal, prior):
@@ -66,3 +77,59 @@ def test_bad_arguments_are_refused():
     fqi = RidgeFQI(np.ones((2, 2)), [0, 1], [0, 0], np.ones((2, 2)), [0, 0], n_actions=2)
     with pytest.raises(ValueError, match="shape"):
         fqi.fit(1, init=np.zeros((3, 2)))
+
+
+# ---- bounded targets: ridge FQI stays in the range the rewards allow ----
+
+def test_value_range_allows_termination_at_any_step():
+    assert value_range([1.0, 1.0], 0.9) == pytest.approx((0.0, 10.0))  # CartPole-like
+    assert value_range([-1.0, 0.0], 0.9) == pytest.approx((-10.0, 0.0))  # Acrobot-like
+    assert value_range([-2.0, 3.0], 0.5) == pytest.approx((-4.0, 6.0))
+    assert value_range([], 0.9) == (0.0, 0.0)
+
+
+def test_bellman_targets_clip_the_next_value_and_keep_termination():
+    r, cont, nxt = np.array([1.0, 1.0, 1.0]), np.array([1.0, 1.0, 0.0]), np.array([5.0, 50.0, 50.0])
+    np.testing.assert_allclose(bellman_targets(r, cont, nxt, 0.9, None), [5.5, 46.0, 1.0])
+    # the next value is clipped to [0, 10] before discounting; a terminal target is r
+    np.testing.assert_allclose(bellman_targets(r, cont, nxt, 0.9, (0.0, 10.0)), [5.5, 10.0, 1.0])
+
+
+def _pooled_fqi(env_id, n_clients, n_max, sweeps=1000, **kwargs):
+    """Ridge FQI at the run's defaults (D, bandwidth, ridge, gamma; ``kwargs`` go to
+    :class:`RidgeFQI`) on the first ``n_max``
+    pooled transitions of ``n_clients`` one-episode shards; returns (Q on the data states and
+    the next states FQI bootstraps from, the reward-implied range)."""
+    cfg = RunConfig(env_id=env_id)
+    spec = get_spec(env_id)
+    data = pooled([client_shard(env_id, cfg.partition, i, n_clients, 1, cfg.seed)
+                   for i in range(n_clients)])
+    keep = slice(0, n_max)
+    obs, nobs, term = data.observations[keep], data.next_observations[keep], data.terminated[keep]
+    encoder = shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(spec.obs_bound)
+    fqi = RidgeFQI(encoder.encode(obs), data.actions[keep], data.rewards[keep],
+                   encoder.encode(nobs), term, spec.n_actions, gamma=cfg.gamma,
+                   ridge=cfg.ridge, **kwargs)
+    fqi.fit(sweeps)
+    q = encoder.encode(np.vstack([obs, nobs[~term]])) @ fqi.readout_
+    return q, value_range(data.rewards[keep], cfg.gamma)
+
+
+@pytest.mark.parametrize("env_id, n_clients", [("CartPole-v1", 4), ("Acrobot-v1", 1),
+                                               ("MountainCar-v0", 1), ("LunarLander-v3", 2)])
+def test_pooled_fqi_at_the_defaults_stays_in_the_value_range(env_id, n_clients):
+    """1000 sweeps at the defaults (gamma 0.99, ridge 0.1, D 2000). The targets are clipped
+    to [lo, hi]; the ridge fit of clipped targets may overshoot a little (CartPole here:
+    Q in [-10.1, 104.3] for [0, 100]; the pooled 10 x 5 episode shards: up to 0.28 of the
+    range, below 0 next to terminal states), but it cannot grow."""
+    q, (lo, hi) = _pooled_fqi(env_id, n_clients, 200)  # the default value_range="data"
+    assert np.isfinite(q).all()
+    margin = 0.3 * (hi - lo)
+    assert lo - margin <= q.min() and q.max() <= hi + margin
+
+
+def test_without_the_bound_pooled_fqi_diverges():
+    """The same CartPole problem with ``value_range=None`` (the old FQI): Q reaches 650 x the
+    largest return possible."""
+    q, (_, hi) = _pooled_fqi("CartPole-v1", 4, 200, value_range=None)
+    assert q.max() > 10 * hi

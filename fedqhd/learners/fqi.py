@@ -50,11 +50,15 @@ class FQILearner:
         Discount, penalty toward zero, penalty toward the readout training starts from.
     compile_ridge : float or None
         Ridge penalty of the teacher compilation (default: ``ridge``).
+    value_range : "data", (lo, hi) or None
+        Where FQI keeps its Bellman targets (see :class:`~fedqhd.readout.RidgeFQI`):
+        the range the shard's rewards allow, an explicit range, or no bound.
     """
 
     def __init__(self, shard: Shard, encoder: HDEncoder, n_actions: int, gamma: float = 0.99,
                  ridge: float = 1.0, proximal: float = 1.0,
-                 compile_ridge: float | None = None) -> None:
+                 compile_ridge: float | None = None,
+                 value_range: str | tuple[float, float] | None = "data") -> None:
         self.encoder = encoder
         self.n_actions = int(n_actions)
         self.compile_ridge = float(ridge if compile_ridge is None else compile_ridge)
@@ -62,7 +66,7 @@ class FQILearner:
         self.fqi = RidgeFQI(
             encoder.encode(shard.observations), shard.actions, shard.rewards,
             encoder.encode(shard.next_observations), shard.terminated, n_actions,
-            gamma=gamma, ridge=ridge, proximal=proximal)
+            gamma=gamma, ridge=ridge, proximal=proximal, value_range=value_range)
         self._anchor_key: str | None = None
         self._anchor_system: RidgeSystem | None = None
 
