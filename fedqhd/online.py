@@ -401,10 +401,13 @@ class OnlineClient:
         (``toward_own``) or zero. Returns the residual ``||X W - T||_F``."""
         x = anchor_features.astype(np.float64)
         w0 = self.readout if toward_own else np.zeros_like(self.readout)
-        k = x @ x.T
-        k[np.diag_indices_from(k)] += ridge
+        key = (id(anchor_features), anchor_features.shape, float(ridge))
+        if getattr(self, "_anchor_key", None) != key:  # factor once per anchor set
+            k = x @ x.T
+            k[np.diag_indices_from(k)] += ridge
+            self._anchor_factor, self._anchor_key = cho_factor(k, lower=True), key
         resid = teacher - x @ w0
-        self.readout = w0 + x.T @ cho_solve(cho_factor(k, lower=True), resid)
+        self.readout = w0 + x.T @ cho_solve(self._anchor_factor, resid)
         return float(np.linalg.norm(x @ self.readout - teacher))
 
     def collect(self, n_episodes: int, epsilon: float | np.ndarray,
@@ -564,14 +567,14 @@ def run_online(
     encoder: str = "shared",
     aggregate: str | None = "auto",
     seed: int = 42,
-    dim: int = 1000,
+    dim: int = 500,
     enc_gamma: float = 1.0,
-    gamma: float = 0.99,
+    gamma: float = 0.9,
     ridge: float = 1.0,
     proximal: float = 0.01,
-    sweeps: int = 3,
+    sweeps: int = 5,
     capacity: int | None = None,
-    per_episode: int = 50,
+    per_episode: int = 20,
     epsilon: tuple[float, float, float] = (1.0, 0.9, 0.01),
     n_anchors: int = 1000,
     anchor_source: str = "rollouts",
@@ -598,7 +601,7 @@ def run_online(
 
     Heterogeneous encoders: ``D_i`` cycled from (500, 1000, 2000, 5000), ``gamma_i =
     enc_gamma * U(0.5, 1.5)`` (:func:`fedqhd.encoders.heterogeneous_encoder_params`).
-    ``capacity`` defaults to ``min(20000, 2e7 // D_i)`` slots.
+    ``capacity`` defaults to ``min(20000, 1e7 // D_i)`` slots.
     """
     wall0, cpu0 = time.perf_counter(), time.process_time()
     spec = get_spec(env_id)
@@ -620,7 +623,7 @@ def run_online(
     clients = []
     for i, e in enumerate(encoders):
         d = e.omega_.shape[1]
-        cap = capacity if capacity is not None else int(min(20000, 2e7 // d))
+        cap = capacity if capacity is not None else int(min(20000, 1e7 // d))
         clients.append(OnlineClient(
             env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, capacity=cap,
             per_episode=per_episode, n_parallel=episodes_per_round,
