@@ -1,0 +1,689 @@
+"""The FedQHD paper's ONLINE protocol, Flower-free: clients collect episodes with
+their current epsilon-greedy policy, learn by ridge fitted Q-iteration on a growing
+private buffer, and aggregate every ``episodes_per_round`` episodes.
+
+Speed comes from three choices, all measured (see ``BENCHMARKS.md``):
+
+* Acting is batched: every client runs its round's episodes in parallel, the
+  states of all of them are encoded at once in float32 (``cos`` in float32 is ~20x
+  cheaper than in float64), and CartPole / MountainCar are stepped by numpy batch
+  steppers that reproduce gymnasium's dynamics (Acrobot and LunarLander fall back
+  to a list of gymnasium envs).
+* The regression set is a subsample: each episode contributes at most
+  ``per_episode`` of its transitions (uniformly drawn; short failing episodes
+  contribute all of theirs), into a buffer of at most ``capacity`` slots with
+  reservoir replacement. Features of the admitted states and next states are
+  cached (float32).
+* Per-action sufficient statistics are updated incrementally, in float64: the
+  primal Gram ``Phi_a^T Phi_a`` (rank updates for new rows, downdates for evicted
+  ones) when ``D <= capacity``, else the kernel matrix ``Phi Phi^T`` of the buffer
+  (rows/columns of changed slots recomputed). Each round factors them once
+  (Cholesky) and runs a few FQI sweeps from a warm start.
+
+Bellman targets are clipped to the reward-implied value range (see
+:func:`_value_range`); truncation bootstraps, termination does not.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.linalg import cho_factor, cho_solve
+
+from fedqhd.anchors import make_anchors
+from fedqhd.encoders import (
+    HDEncoder,
+    heterogeneous_encoder_params,
+    shared_encoder_params,
+)
+from fedqhd.envs import get_spec, make_env, validate_dynamics
+
+__all__ = [
+    "CartPoleBatch",
+    "GymBatch",
+    "MountainCarBatch",
+    "OnlineClient",
+    "OnlineResult",
+    "Timer",
+    "collect_many",
+    "epsilon_schedule",
+    "make_batch_env",
+    "run_online",
+]
+
+
+# --------------------------------------------------------------------------- timing
+
+
+class Timer:
+    """Accumulated wall seconds per named section (a profile of a run)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+
+_NO_TIMER = Timer()
+
+
+# --------------------------------------------------------------------------- environments
+
+
+class CartPoleBatch:
+    """``n`` CartPole-v1 environments stepped together with gymnasium's dynamics
+    (euler integrator, float64 state, float32 observations, reward 1 per step)."""
+
+    def __init__(self, n: int, rng: np.random.Generator,
+                 dynamics: dict[str, float] | None = None) -> None:
+        p = validate_dynamics("CartPole-v1", dynamics)
+        self.gravity, self.masscart = p["gravity"], p["masscart"]
+        self.masspole, self.length = p["masspole"], p["length"]
+        self.total_mass = self.masspole + self.masscart
+        self.polemass_length = self.masspole * self.length
+        self.force_mag, self.tau = 10.0, 0.02
+        self.theta_threshold = 12 * 2 * math.pi / 360
+        self.x_threshold = 2.4
+        self.rng = rng
+        self.state = np.zeros((n, 4))
+
+    def reset(self, idx: np.ndarray) -> np.ndarray:
+        self.state[idx] = self.rng.uniform(-0.05, 0.05, size=(len(idx), 4))
+        return self.state[idx].astype(np.float32)
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        x, x_dot, theta, theta_dot = self.state.T
+        force = np.where(actions == 1, self.force_mag, -self.force_mag)
+        costheta, sintheta = np.cos(theta), np.sin(theta)
+        temp = (force + self.polemass_length * np.square(theta_dot) * sintheta) / self.total_mass
+        thetaacc = (self.gravity * sintheta - costheta * temp) / (
+            self.length * (4.0 / 3.0 - self.masspole * np.square(costheta) / self.total_mass))
+        xacc = temp - self.polemass_length * thetaacc * costheta / self.total_mass
+        self.state = np.stack([x + self.tau * x_dot, x_dot + self.tau * xacc,
+                               theta + self.tau * theta_dot, theta_dot + self.tau * thetaacc],
+                              axis=1)
+        x, theta = self.state[:, 0], self.state[:, 2]
+        terminated = ((x < -self.x_threshold) | (x > self.x_threshold)
+                      | (theta < -self.theta_threshold) | (theta > self.theta_threshold))
+        return self.state.astype(np.float32), np.ones(len(x)), terminated
+
+
+class MountainCarBatch:
+    """``n`` MountainCar-v0 environments stepped together with gymnasium's dynamics."""
+
+    def __init__(self, n: int, rng: np.random.Generator,
+                 dynamics: dict[str, float] | None = None) -> None:
+        p = validate_dynamics("MountainCar-v0", dynamics)
+        self.force, self.gravity = p["force"], p["gravity"]
+        self.rng = rng
+        self.state = np.zeros((n, 2))
+
+    def reset(self, idx: np.ndarray) -> np.ndarray:
+        self.state[idx, 0] = self.rng.uniform(-0.6, -0.4, size=len(idx))
+        self.state[idx, 1] = 0.0
+        return self.state[idx].astype(np.float32)
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        position, velocity = self.state[:, 0].copy(), self.state[:, 1].copy()
+        velocity += (actions - 1) * self.force + np.cos(3 * position) * (-self.gravity)
+        velocity = np.clip(velocity, -0.07, 0.07)
+        position += velocity
+        position = np.clip(position, -1.2, 0.6)
+        velocity[(position == -1.2) & (velocity < 0)] = 0.0
+        terminated = (position >= 0.5) & (velocity >= 0.0)
+        self.state = np.stack([position, velocity], axis=1)
+        return self.state.astype(np.float32), np.full(len(position), -1.0), terminated
+
+
+class GymBatch:
+    """Fallback: ``n`` unwrapped gymnasium envs stepped one after another."""
+
+    def __init__(self, env_id: str, n: int, rng: np.random.Generator,
+                 dynamics: dict[str, float] | None = None) -> None:
+        self.envs = [make_env(env_id, dynamics).unwrapped for _ in range(n)]
+        self.rng = rng
+        self.obs = np.zeros((n, get_spec(env_id).obs_dim), dtype=np.float32)
+
+    def reset(self, idx: np.ndarray) -> np.ndarray:
+        for i in idx:
+            self.obs[i], _ = self.envs[i].reset(seed=int(self.rng.integers(2**31 - 1)))
+        return self.obs[idx].copy()
+
+    def step(self, actions: np.ndarray, active: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = len(self.envs)
+        rewards, terminated = np.zeros(n), np.zeros(n, dtype=bool)
+        for i in (range(n) if active is None else np.flatnonzero(active)):
+            self.obs[i], rewards[i], terminated[i], _, _ = self.envs[i].step(int(actions[i]))
+        return self.obs.copy(), rewards, terminated
+
+
+_BATCH = {"CartPole-v1": CartPoleBatch, "MountainCar-v0": MountainCarBatch}
+
+
+def make_batch_env(env_id: str, n: int, rng: np.random.Generator,
+                   dynamics: dict[str, float] | None = None):
+    """A batch of ``n`` environments: numpy stepper where one exists, else :class:`GymBatch`."""
+    if env_id in _BATCH:
+        return _BATCH[env_id](n, rng, dynamics)
+    return GymBatch(env_id, n, rng, dynamics)
+
+
+# --------------------------------------------------------------------------- learning
+
+
+def _value_range(r_min: float, r_max: float, gamma: float) -> tuple[float, float]:
+    """Bounds of any discounted return with rewards in ``[r_min, r_max]``.
+
+    TARGET CLIP, to be swapped for the public bound of ``fedqhd.readout`` once it lands.
+    """
+    return min(0.0, r_min) / (1.0 - gamma), max(0.0, r_max) / (1.0 - gamma)
+
+
+def epsilon_schedule(start: float = 1.0, decay: float = 0.97, floor: float = 0.01
+                     ) -> Callable[[np.ndarray], np.ndarray]:
+    """``episode -> max(floor, start * decay**episode)`` (episodes counted per client)."""
+    return lambda episode: np.maximum(floor, start * decay ** np.asarray(episode, dtype=float))
+
+
+def _encode32(encoder: HDEncoder, states: np.ndarray) -> np.ndarray:
+    """Float32 features (the encoder's float64 path spends most of its time in ``cos``)."""
+    cache = encoder.__dict__.get("_online_f32")
+    if cache is None:
+        cache = ((encoder.omega_ / encoder.scale_[:, None]).astype(np.float32),
+                 encoder.offset_.astype(np.float32),
+                 np.float32(np.sqrt(2.0 / encoder.omega_.shape[1])))
+        encoder.__dict__["_online_f32"] = cache
+    omega, offset, amp = cache
+    proj = np.asarray(states, dtype=np.float32) @ omega
+    proj += offset
+    np.cos(proj, out=proj)
+    proj *= amp
+    return proj
+
+
+class OnlineClient:
+    """One client of the online protocol: env copy, encoder, buffer, statistics, readout.
+
+    Parameters
+    ----------
+    env_id : str
+    encoder : HDEncoder
+        Fitted; its dimension ``D`` sets the readout's shape (D, |A|).
+    gamma, ridge : float
+        Discount and penalty toward zero.
+    proximal : float
+        Pull toward the prior readout of :meth:`fit`, per admitted transition of the
+        action (so its weight relative to the data stays fixed as the buffer grows).
+    capacity : int
+        Slots of the regression buffer (reservoir replacement once full).
+    per_episode : int
+        At most this many transitions of each episode enter the buffer.
+    n_parallel : int
+        Episodes run side by side by :meth:`collect`.
+    seed : int
+    dynamics : dict or None
+        Physical parameters of this client's env copy (:func:`fedqhd.envs.make_env`).
+    form : {"auto", "primal", "dual"}
+        Sufficient statistics: primal Gram (D x D per action) or buffer kernel
+        matrix (capacity x capacity); "auto" takes the smaller.
+    """
+
+    def __init__(self, env_id: str, encoder: HDEncoder, *, gamma: float = 0.99,
+                 ridge: float = 1.0, proximal: float = 0.01, capacity: int = 20000,
+                 per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
+                 dynamics: dict[str, float] | None = None, form: str = "auto") -> None:
+        spec = get_spec(env_id)
+        self.env_id, self.encoder = env_id, encoder
+        self.n_actions = spec.n_actions
+        self.max_steps = spec.max_episode_steps
+        self.gamma, self.ridge, self.proximal = float(gamma), float(ridge), float(proximal)
+        self.dim = int(encoder.omega_.shape[1])
+        self.capacity, self.per_episode = int(capacity), int(per_episode)
+        if form == "auto":
+            form = "primal" if self.dim <= self.capacity else "dual"
+        if form not in ("primal", "dual"):
+            raise ValueError(f"form must be auto, primal or dual, got {form!r}")
+        self.form = form
+        self.rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x0B1E]))
+        self.env = make_batch_env(env_id, int(n_parallel), self.rng, dynamics)
+        self.n_parallel = int(n_parallel)
+        cap, dim = self.capacity, self.dim
+        self.features = np.zeros((cap, dim), dtype=np.float32)
+        self.next_features = np.zeros((cap, dim), dtype=np.float32)
+        self.actions = np.zeros(cap, dtype=np.int64)
+        self.rewards = np.zeros(cap)
+        self.continues = np.zeros(cap)
+        self.size = 0          # filled slots
+        self.seen = 0          # transitions offered to the buffer (reservoir counter)
+        self.n_transitions = 0  # all transitions collected
+        self.r_min, self.r_max = math.inf, -math.inf
+        if form == "primal":
+            self.gram = np.zeros((self.n_actions, dim, dim))
+        else:
+            self.kernel = np.zeros((cap, cap))
+        self.readout = np.zeros((dim, self.n_actions))
+        self.episode_returns: list[float] = []
+        self.timer = _NO_TIMER
+
+    # ----------------------------------------------------------------- buffer
+
+    def append(self, states: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+               next_states: np.ndarray, terminated: np.ndarray) -> None:
+        """Offer transitions to the buffer (reservoir once full) and update the statistics."""
+        actions = np.asarray(actions, dtype=np.int64)
+        rewards = np.asarray(rewards, dtype=np.float64)
+        n = len(actions)
+        if n == 0:
+            return
+        self.r_min = min(self.r_min, float(rewards.min()))
+        self.r_max = max(self.r_max, float(rewards.max()))
+        # slot of each offered transition: fill free slots, then reservoir (-1: dropped)
+        slots = np.full(n, -1)
+        free = min(n, self.capacity - self.size)
+        slots[:free] = np.arange(self.size, self.size + free)
+        if free < n:
+            counts = self.seen + free + 1 + np.arange(n - free)  # 1-based stream position
+            draw = (self.rng.random(n - free) * counts).astype(np.int64)
+            keep = draw < self.capacity
+            slots[free:][keep] = draw[keep]
+        self.seen += n
+        # several offers to one slot in a batch: the last one wins
+        order = np.flatnonzero(slots >= 0)[::-1]
+        uniq, first = np.unique(slots[order], return_index=True)
+        src = order[first]
+        replaced = uniq[uniq < self.size]
+        with self.timer("encode-buffer"):
+            new_f = _encode32(self.encoder, np.asarray(states)[src])
+            new_nf = _encode32(self.encoder, np.asarray(next_states)[src])
+        with self.timer("statistics"):
+            if self.form == "primal" and len(replaced):
+                self._gram_add(self.features[replaced], self.actions[replaced], -1.0)
+            self.features[uniq], self.next_features[uniq] = new_f, new_nf
+            self.actions[uniq] = actions[src]
+            self.rewards[uniq] = rewards[src]
+            self.continues[uniq] = 1.0 - np.asarray(terminated, dtype=np.float64)[src]
+            self.size = max(self.size, int(uniq.max()) + 1) if len(uniq) else self.size
+            if self.form == "primal":
+                self._gram_add(new_f, actions[src], 1.0)
+            else:
+                rows = self.features[uniq].astype(np.float64) @ \
+                    self.features[:self.size].astype(np.float64).T
+                self.kernel[uniq, :self.size] = rows
+                self.kernel[:self.size, uniq] = rows.T
+
+    def _gram_add(self, feats: np.ndarray, actions: np.ndarray, sign: float) -> None:
+        for a in range(self.n_actions):
+            x = feats[actions == a].astype(np.float64)
+            if len(x):
+                self.gram[a] += sign * (x.T @ x)
+
+    # ----------------------------------------------------------------- fitting
+
+    def targets(self, readout: np.ndarray) -> np.ndarray:
+        """Bellman targets of the buffer under ``readout``, clipped to the value range."""
+        n = self.size
+        best = (self.next_features[:n] @ readout.astype(np.float32)).max(axis=1)
+        y = self.rewards[:n] + self.gamma * self.continues[:n] * best
+        lo, hi = _value_range(self.r_min, self.r_max, self.gamma)
+        return np.clip(y, lo, hi)
+
+    def fit(self, sweeps: int, init: np.ndarray | None = None,
+            prior: np.ndarray | None = None) -> np.ndarray:
+        """``sweeps`` FQI sweeps from ``init`` (default: current readout), each pulled
+        toward ``prior`` (default: ``init``) by the proximal term. Sets and returns
+        the readout."""
+        readout = self.readout if init is None else np.array(init, dtype=np.float64)
+        prior = readout.copy() if prior is None else np.asarray(prior, dtype=np.float64)
+        if self.size == 0 or sweeps <= 0:
+            self.readout = readout
+            return readout
+        n = self.size
+        acts = self.actions[:n]
+        rows = [np.flatnonzero(acts == a) for a in range(self.n_actions)]
+        with self.timer("factor"):
+            systems = []
+            for a in range(self.n_actions):
+                mu = self.proximal * len(rows[a])
+                c = self.ridge + mu
+                if self.form == "primal":
+                    g = self.gram[a].copy()
+                else:
+                    g = self.kernel[np.ix_(rows[a], rows[a])]
+                g[np.diag_indices_from(g)] += c
+                systems.append((mu, c, cho_factor(g, lower=True, check_finite=False)
+                                if len(g) else None))
+        with self.timer("sweeps"):
+            onehot = np.zeros((n, self.n_actions), dtype=np.float32)
+            onehot[np.arange(n), acts] = 1.0
+            feats = self.features[:n]
+            for _ in range(sweeps):
+                y = self.targets(readout)
+                new = np.empty_like(readout)
+                if self.form == "primal":
+                    rhs = (feats.T @ (onehot * y[:, None].astype(np.float32))).astype(np.float64)
+                for a, (mu, c, fac) in enumerate(systems):
+                    shrunk = (mu / c) * prior[:, a]
+                    if fac is None:
+                        new[:, a] = shrunk
+                    elif self.form == "primal":
+                        new[:, a] = cho_solve(fac, rhs[:, a] + c * shrunk, check_finite=False)
+                    else:
+                        fa = feats[rows[a]]
+                        resid = y[rows[a]] - fa @ shrunk.astype(np.float32)
+                        alpha = cho_solve(fac, resid, check_finite=False)
+                        new[:, a] = shrunk + fa.T @ alpha.astype(np.float32)
+                readout = new
+        self.readout = readout
+        return readout
+
+    # ----------------------------------------------------------------- acting and federation
+
+    def q_values(self, states: np.ndarray) -> np.ndarray:
+        return _encode32(self.encoder, states).astype(np.float64) @ self.readout
+
+    def compile(self, anchor_features: np.ndarray, teacher: np.ndarray, ridge: float,
+                toward_own: bool = True) -> float:
+        """Ridge projection of ``teacher`` (Q on anchors) onto this client's features:
+        ``argmin ||X W - T||^2 + ridge ||W - W0||^2`` with ``W0`` the current readout
+        (``toward_own``) or zero. Returns the residual ``||X W - T||_F``."""
+        x = anchor_features.astype(np.float64)
+        w0 = self.readout if toward_own else np.zeros_like(self.readout)
+        key = (id(anchor_features), anchor_features.shape, float(ridge))
+        if getattr(self, "_anchor_key", None) != key:  # factor once per anchor set
+            k = x @ x.T
+            k[np.diag_indices_from(k)] += ridge
+            self._anchor_factor, self._anchor_key = cho_factor(k, lower=True), key
+        resid = teacher - x @ w0
+        self.readout = w0 + x.T @ cho_solve(self._anchor_factor, resid)
+        return float(np.linalg.norm(x @ self.readout - teacher))
+
+    def collect(self, n_episodes: int, epsilon: float | np.ndarray,
+                append: bool = True) -> np.ndarray:
+        """Run ``n_episodes`` episodes of the epsilon-greedy policy (``n_parallel`` side by
+        side); returns their returns and (``append``) offers their transitions to the buffer."""
+        return collect_many([self], [n_episodes], [epsilon], append=append)[0]
+
+
+def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
+                 epsilons: Sequence[float | np.ndarray], append: bool = True,
+                 timer: Timer = _NO_TIMER) -> list[np.ndarray]:
+    """Run every client's episodes in one vectorised loop (clients sharing an encoder
+    object are encoded together). ``epsilons[c]`` is one value or one per episode.
+
+    Each client keeps ``n_parallel`` episodes running; a finished slot starts the
+    client's next pending episode. Episodes end at termination or at the time limit
+    (truncation: its transitions keep bootstrapping). Returns each client's episode
+    returns in episode order and, with ``append``, records them in
+    ``client.episode_returns`` and offers the transitions to the buffers.
+    """
+    n_cl = len(clients)
+    eps = [np.broadcast_to(np.asarray(e, dtype=float), (int(n),)).copy()
+           for e, n in zip(epsilons, n_episodes, strict=True)]
+    returns = [np.zeros(int(n)) for n in n_episodes]
+    st = []
+    for c, cl in enumerate(clients):
+        b = min(cl.n_parallel, int(n_episodes[c]))
+        idx = np.arange(b)
+        st.append({
+            "b": b, "episode": idx.copy(), "next": b, "t": np.zeros(b, dtype=np.int64),
+            "active": np.ones(b, dtype=bool),
+            "obs": cl.env.reset(idx) if b else np.zeros((0, 1), np.float32),
+            "rec": [],
+        })
+    groups: dict[int, list[int]] = defaultdict(list)
+    for c, cl in enumerate(clients):
+        groups[id(cl.encoder)].append(c)
+    while any(s["active"].any() for s in st):
+        with timer("act"):
+            actions = [None] * n_cl
+            for members in groups.values():
+                live = [c for c in members if st[c]["active"].any()]
+                if not live:
+                    continue
+                feats = _encode32(clients[live[0]].encoder,
+                                  np.concatenate([st[c]["obs"] for c in live]))
+                off = 0
+                for c in live:
+                    s, cl = st[c], clients[c]
+                    b = s["b"]
+                    q = feats[off:off + b] @ cl.readout.astype(np.float32)
+                    off += b
+                    act = q.argmax(axis=1)
+                    explore = cl.rng.random(b) < eps[c][np.minimum(s["episode"],
+                                                                   len(eps[c]) - 1)]
+                    act[explore] = cl.rng.integers(cl.n_actions, size=int(explore.sum()))
+                    actions[c] = act
+        for c, cl in enumerate(clients):
+            s = st[c]
+            if not s["active"].any():
+                continue
+            with timer("env"):
+                b = s["b"]
+                padded = np.zeros(cl.n_parallel, dtype=np.int64)
+                padded[:b] = actions[c]
+                if isinstance(cl.env, GymBatch):
+                    mask = np.zeros(cl.n_parallel, dtype=bool)
+                    mask[:b] = s["active"]
+                    nobs, rew, term = cl.env.step(padded, mask)
+                else:
+                    nobs, rew, term = cl.env.step(padded)
+                nobs, rew, term = nobs[:b], rew[:b], term[:b]
+            with timer("bookkeeping"):
+                s["t"] += 1
+                act_mask = s["active"]
+                ep = s["episode"]
+                np.add.at(returns[c], ep[act_mask], rew[act_mask])
+                if append:
+                    s["rec"].append((ep[act_mask], s["obs"][act_mask], actions[c][act_mask],
+                                     rew[act_mask], nobs[act_mask], term[act_mask]))
+                done = act_mask & (term | (s["t"] >= cl.max_steps))
+                s["obs"] = nobs
+                if done.any():
+                    ended = np.flatnonzero(done)
+                    n_new = min(len(ended), int(n_episodes[c]) - s["next"])
+                    restart = ended[:n_new]
+                    s["active"][ended[n_new:]] = False
+                    if n_new < len(ended) and not isinstance(cl.env, GymBatch):
+                        cl.env.reset(ended[n_new:])  # idle slots: keep their state bounded
+                    if n_new:
+                        s["episode"][restart] = s["next"] + np.arange(n_new)
+                        s["next"] += n_new
+                        s["t"][restart] = 0
+                        s["obs"] = nobs.copy()
+                        s["obs"][restart] = cl.env.reset(restart)
+    if append:
+        for c, cl in enumerate(clients):
+            cl.episode_returns.extend(returns[c].tolist())
+            if not st[c]["rec"]:
+                continue
+            with timer("bookkeeping"):
+                ep, s0, a, r, s1, te = (np.concatenate(z) for z in zip(*st[c]["rec"],
+                                                                        strict=True))
+                keep = _per_episode_subsample(ep, cl.per_episode, cl.rng)
+                cl.n_transitions += len(ep)
+            prev, cl.timer = cl.timer, timer
+            try:
+                cl.append(s0[keep], a[keep], r[keep], s1[keep], te[keep])
+            finally:
+                cl.timer = prev
+    return returns
+
+
+def _per_episode_subsample(episode: np.ndarray, quota: int, rng: np.random.Generator
+                           ) -> np.ndarray:
+    """Indices keeping at most ``quota`` uniformly drawn transitions of each episode."""
+    key = rng.random(len(episode))
+    order = np.lexsort((key, episode))
+    ep_sorted = episode[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(ep_sorted)) + 1]
+    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    return np.sort(order[rank < quota])
+
+
+# --------------------------------------------------------------------------- federation
+
+
+@dataclass
+class OnlineResult:
+    """What :func:`run_online` measured."""
+
+    env_id: str
+    encoder: str
+    aggregate: str | None
+    seed: int
+    train_return_last100: float
+    greedy_return: float
+    rounds: list[dict[str, float]] = field(default_factory=list)
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    profile: dict[str, float] = field(default_factory=dict)
+    client_last100: list[float] = field(default_factory=list)
+    n_transitions: list[int] = field(default_factory=list)
+    config: dict = field(default_factory=dict)
+
+
+def _last100(clients: Sequence[OnlineClient]) -> float:
+    return float(np.mean([np.mean(c.episode_returns[-100:]) for c in clients]))
+
+
+def run_online(
+    env_id: str = "CartPole-v1",
+    n_clients: int = 5,
+    episodes: int = 600,
+    episodes_per_round: int = 20,
+    encoder: str = "shared",
+    aggregate: str | None = "auto",
+    seed: int = 42,
+    dim: int = 500,
+    enc_gamma: float = 1.0,
+    gamma: float = 0.9,
+    ridge: float = 1.0,
+    proximal: float = 0.01,
+    sweeps: int = 5,
+    capacity: int | None = None,
+    per_episode: int = 20,
+    epsilon: tuple[float, float, float] = (1.0, 0.9, 0.01),
+    n_anchors: int = 1000,
+    anchor_source: str = "rollouts",
+    compile_ridge: float = 1.0,
+    greedy_episodes: int = 10,
+    dynamics: Sequence[dict[str, float] | None] | None = None,
+    verbose: bool = False,
+) -> OnlineResult:
+    """The paper's online protocol in one process.
+
+    Every round each client collects ``episodes_per_round`` episodes with its current
+    epsilon-greedy policy (``epsilon = (start, decay per episode, floor)``), appends
+    them, and runs ``sweeps`` FQI sweeps. Aggregation (``aggregate="auto"``: by
+    ``encoder``):
+
+    * ``"average"`` (shared encoder): each client fits from the global readout,
+      pulled toward it; the server averages the readouts weighted by transitions
+      collected; clients act with the global readout.
+    * ``"anchors"`` (heterogeneous encoders): each client fits from its own readout;
+      the server averages client Q on ``n_anchors`` anchor states (weighted by
+      transitions); each client compiles the teacher into its features (ridge
+      projection toward its own readout) and acts with the result.
+    * ``None``: independent learners, never aggregated.
+
+    Heterogeneous encoders: ``D_i`` cycled from (500, 1000, 2000, 5000), ``gamma_i =
+    enc_gamma * U(0.5, 1.5)`` (:func:`fedqhd.encoders.heterogeneous_encoder_params`).
+    ``capacity`` defaults to ``min(20000, 1e7 // D_i)`` slots.
+    """
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    spec = get_spec(env_id)
+    if encoder not in ("shared", "heterogeneous"):
+        raise ValueError(f"encoder must be shared or heterogeneous, got {encoder!r}")
+    if aggregate == "auto":
+        aggregate = "average" if encoder == "shared" else "anchors"
+    if aggregate not in (None, "average", "anchors"):
+        raise ValueError(f"aggregate must be average, anchors or None, got {aggregate!r}")
+    if aggregate == "average" and encoder != "shared":
+        raise ValueError("readout averaging needs the shared encoder")
+    timer = Timer()
+    if encoder == "shared":
+        enc = shared_encoder_params(seed, dim, enc_gamma).build(spec.obs_bound)
+        encoders = [enc] * n_clients
+    else:
+        encoders = [heterogeneous_encoder_params(seed, i, enc_gamma).build(spec.obs_bound)
+                    for i in range(n_clients)]
+    clients = []
+    for i, e in enumerate(encoders):
+        d = e.omega_.shape[1]
+        cap = capacity if capacity is not None else int(min(20000, 1e7 // d))
+        clients.append(OnlineClient(
+            env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, capacity=cap,
+            per_episode=per_episode, n_parallel=episodes_per_round,
+            seed=int(np.random.SeedSequence([seed, i]).generate_state(1)[0]),
+            dynamics=None if dynamics is None else dynamics[i]))
+    for cl in clients:
+        cl.timer = timer
+    schedule = epsilon_schedule(*epsilon)
+    anchors_x = None
+    if aggregate == "anchors":
+        with timer("anchors"):
+            anchors = make_anchors(anchor_source, env_id, n_anchors, seed)
+            anchors_x = [_encode32(cl.encoder, anchors) for cl in clients]
+    global_w = np.zeros((dim, spec.n_actions)) if aggregate == "average" else None
+    result = OnlineResult(env_id, encoder, aggregate, seed, math.nan, math.nan,
+                          config=dict(episodes_per_round=episodes_per_round, dim=dim,
+                                      gamma=gamma, ridge=ridge, proximal=proximal,
+                                      sweeps=sweeps, per_episode=per_episode,
+                                      epsilon=epsilon, n_anchors=n_anchors,
+                                      compile_ridge=compile_ridge))
+    done = 0
+    while done < episodes:
+        k = min(episodes_per_round, episodes - done)
+        eps = schedule(np.arange(done, done + k))
+        collect_many(clients, [k] * n_clients, [eps] * n_clients, timer=timer)
+        done += k
+        weights = np.array([cl.n_transitions for cl in clients], dtype=float)
+        weights /= weights.sum()
+        if aggregate == "average":
+            for cl in clients:
+                cl.fit(sweeps, init=global_w, prior=global_w)
+            with timer("aggregate"):
+                global_w = sum(w * cl.readout for w, cl in zip(weights, clients, strict=True))
+                for cl in clients:
+                    cl.readout = global_w.copy()
+        else:
+            for cl in clients:
+                cl.fit(sweeps)
+            if aggregate == "anchors":
+                with timer("aggregate"):
+                    qs = [x.astype(np.float64) @ cl.readout
+                          for x, cl in zip(anchors_x, clients, strict=True)]
+                    teacher = sum(w * q for w, q in zip(weights, qs, strict=True))
+                    for x, cl in zip(anchors_x, clients, strict=True):
+                        cl.compile(x, teacher, compile_ridge)
+        row = {"episodes": done, "train-return-last100": _last100(clients),
+               "round-return": float(np.mean([np.mean(c.episode_returns[-k:])
+                                              for c in clients])),
+               "epsilon": float(eps[-1]), "wall-s": time.perf_counter() - wall0}
+        result.rounds.append(row)
+        if verbose:
+            print({key: round(v, 2) for key, v in row.items()}, flush=True)
+    with timer("greedy-eval"):
+        greedy = collect_many(clients, [greedy_episodes] * n_clients, [0.0] * n_clients,
+                              append=False)
+    result.train_return_last100 = _last100(clients)
+    result.client_last100 = [float(np.mean(c.episode_returns[-100:])) for c in clients]
+    result.greedy_return = float(np.mean([g.mean() for g in greedy]))
+    result.n_transitions = [c.n_transitions for c in clients]
+    result.wall_s = time.perf_counter() - wall0
+    result.cpu_s = time.process_time() - cpu0
+    result.profile = dict(timer.seconds)
+    return result

@@ -1,0 +1,114 @@
+"""The online protocol's numeric core: batch steppers, incremental statistics, short runs."""
+
+import numpy as np
+import pytest
+
+from fedqhd.encoders import HDEncoder
+from fedqhd.envs import get_spec, make_env
+from fedqhd.online import (
+    CartPoleBatch,
+    MountainCarBatch,
+    OnlineClient,
+    _value_range,
+    collect_many,
+    run_online,
+)
+
+STEPPERS = [("CartPole-v1", CartPoleBatch, None),
+            ("CartPole-v1", CartPoleBatch, {"length": 0.8, "masspole": 0.2}),
+            ("MountainCar-v0", MountainCarBatch, None),
+            ("MountainCar-v0", MountainCarBatch, {"force": 0.0012})]
+
+
+@pytest.mark.parametrize("env_id,cls,dynamics", STEPPERS)
+def test_batch_stepper_equals_gymnasium(env_id, cls, dynamics):
+    rng = np.random.default_rng(0)
+    n = 16
+    batch = cls(n, rng, dynamics)
+    batch.reset(np.arange(n))
+    if env_id == "MountainCar-v0":
+        batch.state[: n // 2] = [-1.18, -0.05]  # half start against the left wall
+    envs = [make_env(env_id, dynamics).unwrapped for _ in range(n)]
+    for e in envs:
+        e.reset(seed=0)
+    n_actions = get_spec(env_id).n_actions
+    for _ in range(60):
+        state = batch.state.copy()
+        actions = rng.integers(n_actions, size=n)
+        obs, rew, term = batch.step(actions)
+        for i, e in enumerate(envs):
+            if env_id == "CartPole-v1":
+                e.state, e.steps_beyond_terminated = state[i].copy(), None
+            else:
+                e.state = tuple(state[i])
+            o, r, t, _, _ = e.step(int(actions[i]))
+            np.testing.assert_allclose(obs[i], o, rtol=0, atol=1e-6)
+            np.testing.assert_allclose(batch.state[i], np.asarray(e.state, float),
+                                       rtol=1e-12, atol=1e-14)
+            assert rew[i] == r and bool(term[i]) == t
+        done = np.flatnonzero(term)
+        if len(done):
+            batch.reset(done)
+
+
+def _client(form, capacity, dim=40, seed=0):
+    enc = HDEncoder(dim, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
+    enc.fit(np.zeros((1, 4)))
+    return OnlineClient("CartPole-v1", enc, capacity=capacity, per_episode=1000,
+                        n_parallel=4, seed=seed, form=form)
+
+
+@pytest.mark.parametrize("form", ["primal", "dual"])
+def test_incremental_statistics_equal_batch(form):
+    # capacity 150 with ~ 300+ offered transitions: appends, then reservoir replacements
+    cl = _client(form, capacity=150)
+    for _ in range(6):
+        collect_many([cl], [4], [1.0])
+    assert cl.seen > cl.capacity  # replacements (downdates) happened
+    f = cl.features[:cl.size].astype(np.float64)
+    if form == "primal":
+        for a in range(cl.n_actions):
+            x = f[cl.actions[:cl.size] == a]
+            np.testing.assert_allclose(cl.gram[a], x.T @ x, rtol=0, atol=1e-8)
+    else:
+        np.testing.assert_allclose(cl.kernel[:cl.size, :cl.size], f @ f.T, rtol=0, atol=1e-8)
+
+
+def test_primal_and_dual_fits_agree():
+    fits = []
+    for form in ("primal", "dual"):
+        cl = _client(form, capacity=500)
+        collect_many([cl], [8], [1.0])
+        fits.append(cl.fit(4))
+    np.testing.assert_allclose(fits[0], fits[1], rtol=1e-3, atol=1e-3)
+
+
+def test_targets_are_clipped_to_the_value_range():
+    cl = _client("primal", capacity=200)
+    collect_many([cl], [4], [1.0])
+    lo, hi = _value_range(cl.r_min, cl.r_max, cl.gamma)
+    assert (lo, hi) == (0.0, 1.0 / (1.0 - cl.gamma))
+    y = cl.targets(np.full((cl.dim, cl.n_actions), 1e6))
+    assert y.max() <= hi and y.min() >= lo
+    cont = cl.continues[:cl.size] > 0
+    assert np.all(y[~cont] == cl.rewards[:cl.size][~cont])  # termination does not bootstrap
+
+
+def test_short_online_run_learns_cartpole():
+    res = run_online("CartPole-v1", n_clients=2, episodes=120, episodes_per_round=20,
+                     dim=300, seed=0, greedy_episodes=5)
+    first = res.rounds[0]["round-return"]
+    assert res.rounds[-1]["round-return"] > max(2 * first, 60.0)
+    assert res.greedy_return > 21.0 * 3  # uniform random gets 21
+
+
+def test_independent_mode_never_aggregates(monkeypatch):
+    calls = []
+    monkeypatch.setattr(OnlineClient, "compile",
+                        lambda self, *a, **k: calls.append("compile") or 0.0)
+    res = run_online("CartPole-v1", n_clients=2, episodes=40, episodes_per_round=20,
+                     dim=100, encoder="heterogeneous", aggregate=None, greedy_episodes=1)
+    assert res.aggregate is None and calls == [] and "aggregate" not in res.profile
+    res = run_online("CartPole-v1", n_clients=2, episodes=40, episodes_per_round=20,
+                     dim=100, encoder="heterogeneous", greedy_episodes=1)
+    assert calls and "aggregate" in res.profile
