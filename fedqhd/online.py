@@ -21,7 +21,7 @@ Speed comes from three choices, all measured (see ``BENCHMARKS.md``):
   (Cholesky) and runs a few FQI sweeps from a warm start.
 
 Bellman targets are clipped to the reward-implied value range (see
-:func:`_value_range`); truncation bootstraps, termination does not.
+:func:`fedqhd.readout.value_range`); truncation bootstraps, termination does not.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
@@ -43,6 +44,7 @@ from fedqhd.encoders import (
     shared_encoder_params,
 )
 from fedqhd.envs import get_spec, make_env, validate_dynamics
+from fedqhd.readout import bellman_targets, value_range
 
 __all__ = [
     "CartPoleBatch",
@@ -182,14 +184,6 @@ def make_batch_env(env_id: str, n: int, rng: np.random.Generator,
 
 
 # --------------------------------------------------------------------------- learning
-
-
-def _value_range(r_min: float, r_max: float, gamma: float) -> tuple[float, float]:
-    """Bounds of any discounted return with rewards in ``[r_min, r_max]``.
-
-    TARGET CLIP, to be swapped for the public bound of ``fedqhd.readout`` once it lands.
-    """
-    return min(0.0, r_min) / (1.0 - gamma), max(0.0, r_max) / (1.0 - gamma)
 
 
 def epsilon_schedule(start: float = 1.0, decay: float = 0.97, floor: float = 0.01
@@ -336,9 +330,8 @@ class OnlineClient:
         """Bellman targets of the buffer under ``readout``, clipped to the value range."""
         n = self.size
         best = (self.next_features[:n] @ readout.astype(np.float32)).max(axis=1)
-        y = self.rewards[:n] + self.gamma * self.continues[:n] * best
-        lo, hi = _value_range(self.r_min, self.r_max, self.gamma)
-        return np.clip(y, lo, hi)
+        q_range = value_range(np.array([self.r_min, self.r_max]), self.gamma)
+        return bellman_targets(self.rewards[:n], self.continues[:n], best, self.gamma, q_range)
 
     def fit(self, sweeps: int, init: np.ndarray | None = None,
             prior: np.ndarray | None = None) -> np.ndarray:
@@ -433,7 +426,7 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
     eps = [np.broadcast_to(np.asarray(e, dtype=float), (int(n),)).copy()
            for e, n in zip(epsilons, n_episodes, strict=True)]
     returns = [np.zeros(int(n)) for n in n_episodes]
-    st = []
+    st: list[dict[str, Any]] = []
     for c, cl in enumerate(clients):
         b = min(cl.n_parallel, int(n_episodes[c]))
         idx = np.arange(b)
@@ -448,7 +441,7 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
         groups[id(cl.encoder)].append(c)
     while any(s["active"].any() for s in st):
         with timer("act"):
-            actions = [None] * n_cl
+            actions: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * n_cl
             for members in groups.values():
                 live = [c for c in members if st[c]["active"].any()]
                 if not live:
@@ -632,7 +625,7 @@ def run_online(
     for cl in clients:
         cl.timer = timer
     schedule = epsilon_schedule(*epsilon)
-    anchors_x = None
+    anchors_x: list[np.ndarray] = []
     if aggregate == "anchors":
         with timer("anchors"):
             anchors = make_anchors(anchor_source, env_id, n_anchors, seed)

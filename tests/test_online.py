@@ -9,10 +9,10 @@ from fedqhd.online import (
     CartPoleBatch,
     MountainCarBatch,
     OnlineClient,
-    _value_range,
     collect_many,
     run_online,
 )
+from fedqhd.readout import value_range
 
 STEPPERS = [("CartPole-v1", CartPoleBatch, None),
             ("CartPole-v1", CartPoleBatch, {"length": 0.8, "masspole": 0.2}),
@@ -86,7 +86,7 @@ def test_primal_and_dual_fits_agree():
 def test_targets_are_clipped_to_the_value_range():
     cl = _client("primal", capacity=200)
     collect_many([cl], [4], [1.0])
-    lo, hi = _value_range(cl.r_min, cl.r_max, cl.gamma)
+    lo, hi = value_range(np.array([cl.r_min, cl.r_max]), cl.gamma)
     assert (lo, hi) == (0.0, 1.0 / (1.0 - cl.gamma))
     y = cl.targets(np.full((cl.dim, cl.n_actions), 1e6))
     assert y.max() <= hi and y.min() >= lo
