@@ -30,6 +30,8 @@ STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor")
 #: how FedQHDAvg clients update: one consensus-ADMM step (fixed point = pooled FQI) or
 #: local sweeps pulled toward the global readout
 CLIENT_UPDATES: tuple[str, ...] = ("admm", "proximal")
+#: where the data come from: fixed private shards, or episodes collected every round
+PROTOCOLS: tuple[str, ...] = ("offline", "online")
 
 
 class ConfigError(ValueError):
@@ -118,6 +120,23 @@ class RunConfig:
     round_timeout: float = field(default=600.0, metadata=_key(
         _float_range(0.0, 1e6, lo_open=True),
         "seconds to wait for a round's replies; late or lost ones count as missing"))
+    protocol: str = field(default="offline", metadata=_key(
+        _choice(PROTOCOLS), "offline: fixed private shards; online: clients collect "
+        "episodes-per-round episodes with their current policy every round (fqi)"))
+    episodes_per_round: int = field(default=20, metadata=_key(
+        _int_range(1, 100_000), "online: episodes each client collects per round"))
+    epsilon_start: float = field(default=1.0, metadata=_key(
+        _float_range(0.0, 1.0), "online: exploration epsilon of a client's first episode"))
+    epsilon_decay: float = field(default=0.9, metadata=_key(
+        _float_range(0.0, 1.0, lo_open=True), "online: epsilon multiplied by this per episode"))
+    epsilon_floor: float = field(default=0.01, metadata=_key(
+        _float_range(0.0, 1.0), "online: lowest epsilon"))
+    online_capacity: int = field(default=20_000, metadata=_key(
+        _int_range(1, 10_000_000), "online: transitions a client's regression buffer holds "
+        "(reservoir sampling once full)"))
+    online_per_episode: int = field(default=20, metadata=_key(
+        _int_range(1, 100_000), "online: at most this many transitions of an episode enter "
+        "the buffer"))
     eval_episodes: int = field(default=10, metadata=_key(_int_range(1, 100_000),
                                                          "greedy episodes per evaluation"))
     # ---- pool learner (learner = "pool", env-id = fedqhd/Inventory-v0) ----
@@ -167,12 +186,23 @@ class RunConfig:
         if self.strategy == "avg" and self.encoder != "shared":
             raise ConfigError("run-config key 'strategy' = 'avg' needs 'encoder' = 'shared': "
                               "readouts of different encoders cannot be averaged; use 'anchor'")
-        problem = get_learner(self.learner).check_config(self)
+        if self.protocol == "online" and self.learner != "fqi":
+            raise ConfigError(f"run-config key 'protocol' = 'online' needs 'learner' = 'fqi', "
+                              f"got {self.learner!r}")
+        if self.epsilon_floor > self.epsilon_start:
+            raise ConfigError(f"run-config keys 'epsilon-floor' ({self.epsilon_floor}) and "
+                              f"'epsilon-start' ({self.epsilon_start}): need floor <= start")
+        problem = get_learner(self.learner_key).check_config(self)
         if problem:
             raise ConfigError(problem)
         if self.anchor_source == "file" and not self.anchor_file:
             raise ConfigError("run-config key 'anchor-file' must name a .npy file when "
                               "'anchor-source' = 'file'")
+
+    @property
+    def learner_key(self) -> str:
+        """The registry entry of this run: the learner, under its protocol."""
+        return "fqi-online" if self.learner == "fqi" and self.protocol == "online" else self.learner
 
     @property
     def resolved_strategy(self) -> str:

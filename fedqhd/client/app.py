@@ -40,11 +40,11 @@ def _reply(msg: Message, arrays: dict[str, np.ndarray] | None,
 def train(msg: Message, context: Context) -> Message:
     """The learner's local step on the global model; reply its arrays and metrics."""
     cfg = RunConfig.from_run_config(context.run_config)
-    return _reply(msg, *get_learner(cfg.learner).train(context, cfg, _arrays(msg)))
+    return _reply(msg, *get_learner(cfg.learner_key).train(context, cfg, _arrays(msg)))
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """The learner's evaluation of the global model on this client (metrics only)."""
     cfg = RunConfig.from_run_config(context.run_config)
-    return _reply(msg, None, get_learner(cfg.learner).evaluate(context, cfg, _arrays(msg)))
+    return _reply(msg, None, get_learner(cfg.learner_key).evaluate(context, cfg, _arrays(msg)))

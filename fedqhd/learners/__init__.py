@@ -18,12 +18,17 @@ from fedqhd.learners.base import Learner, ServerPlan
 _REGISTRY: dict[str, str] = {
     "fqi": "fedqhd.learners.fqi:LEARNER",
     "pool": "fedqhd.learners.pool:LEARNER",
+    "fqi-online": "fedqhd.learners.fqi_online:LEARNER",  # learner fqi, protocol online
 }
 
 
+#: entries chosen through another key (``protocol``), not by run-config ``learner``
+_VARIANTS = frozenset({"fqi-online"})
+
+
 def learner_names() -> tuple[str, ...]:
-    """The registered learner names (the valid values of run-config ``learner``)."""
-    return tuple(_REGISTRY)
+    """The valid values of run-config ``learner``."""
+    return tuple(name for name in _REGISTRY if name not in _VARIANTS)
 
 
 def get_learner(name: str) -> Learner:

@@ -35,7 +35,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
     seed_globals(cfg.seed)  # Flower samples nodes with Python's random
     out_dir = new_run_dir(cfg.output_dir)
     log(INFO, "fedqhd: results of this run go to %s", out_dir)
-    learner = get_learner(cfg.learner)
+    learner = get_learner(cfg.learner_key)
     plan = learner.server_plan(cfg, weighting=cfg.weighting, fraction_train=cfg.fraction_train,
                                min_train_nodes=min(cfg.min_nodes, 2),
                                min_evaluate_nodes=min(cfg.min_nodes, 2),

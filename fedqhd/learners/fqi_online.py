@@ -1,0 +1,115 @@
+"""The FQI learner under the paper's online protocol (``protocol = "online"``).
+
+Each client starts with an empty private buffer. Every round it collects
+``episodes-per-round`` episodes with its current epsilon-greedy policy in its own
+copy of the environment (its own physics under ``dynamics-skew``), offers them to
+its buffer (per-action statistics updated, never recomputed), runs
+``local-iterations`` warm-started sweeps of bounded ridge FQI and replies: its
+readout (shared encoder, FedQHDAvg) or its Q-values on the anchors
+(heterogeneous encoders, FedQHDAnchor, after compiling the last teacher). Every
+reply carries ``train-return-last100``, the paper's metric: the mean return of
+the client's last 100 training episodes. The numeric core is
+:class:`fedqhd.online.OnlineClient`.
+
+The buffer lives in the process that serves the node (as the offline learner's
+encoded shard does); a node whose process restarts starts a new buffer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+
+from fedqhd.config import RunConfig
+from fedqhd.data.partition import partition_settings
+from fedqhd.learners.base import Arrays, Metrics, ServerPlan, partition
+from fedqhd.learners.fqi import FQI, client_encoder, greedy_return
+from fedqhd.online import OnlineClient, epsilon_schedule
+from fedqhd.seeding import shard_seed
+from fedqhd.strategies import contract as C
+
+TRAIN_RETURN_LAST100 = "train-return-last100"  #: reply and round metric (the paper's metric)
+
+_CLIENTS: dict[tuple[Any, ...], tuple[OnlineClient, dict[str, Any]]] = {}
+
+
+def node_client(context: Context, cfg: RunConfig) -> tuple[OnlineClient, dict[str, Any]]:
+    """This node's online client (built on first use in this process) and its anchor cache."""
+    pid, n_parts = partition(context)
+    key = (context.run_id, pid, n_parts, cfg)
+    if key not in _CLIENTS:
+        encoder = client_encoder(cfg, pid)
+        dynamics = partition_settings(cfg.partition, pid, n_parts, cfg.seed,
+                                      env_id=cfg.env_id)["dynamics"]
+        client = OnlineClient(cfg.env_id, encoder, gamma=cfg.gamma, ridge=cfg.ridge,
+                              proximal=cfg.proximal, capacity=cfg.online_capacity,
+                              per_episode=cfg.online_per_episode,
+                              n_parallel=cfg.episodes_per_round,
+                              seed=shard_seed(cfg.seed, pid), dynamics=dynamics or None)
+        for stale in [k for k in _CLIENTS if k[0] != context.run_id or k[3] != cfg]:
+            del _CLIENTS[stale]
+        _CLIENTS[key] = (client, {"dynamics": dynamics})
+    return _CLIENTS[key]
+
+
+def _adopt(client: OnlineClient, cache: dict[str, Any], arrays: Arrays, cfg: RunConfig,
+           metrics: Metrics) -> None:
+    """Start from the global model: the shared readout, or the teacher compiled into this
+    client's features (anchor features computed once per anchor set)."""
+    if C.READOUT in arrays:
+        client.readout = np.array(arrays[C.READOUT], dtype=np.float64)
+    elif C.TEACHER in arrays:
+        anchors = np.ascontiguousarray(arrays[C.ANCHORS], dtype=np.float64)
+        digest = hashlib.sha1(anchors.tobytes()).hexdigest()
+        if cache.get("anchor-digest") != digest:
+            cache["anchor-digest"] = digest
+            cache["anchor-features"] = client.encoder.encode(anchors).astype(np.float32)
+        metrics[C.PROJECTION_RESIDUAL] = client.compile(cache["anchor-features"],
+                                                        arrays[C.TEACHER], cfg.ridge)
+
+
+class FQIOnline(FQI):
+    """Registry entry ``fqi-online`` (run config ``learner = "fqi"``, ``protocol = "online"``)."""
+
+    name = "fqi-online"
+
+    def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
+        # every client replies every round with what it just learned: plain averaging
+        return super().server_plan(cfg.replace(client_update="proximal"), **strategy_kwargs)
+
+    def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
+        return (f"train return (last 100) {row.get(TRAIN_RETURN_LAST100, float('nan')):.1f} | "
+                + super().round_line(cfg, row))
+
+    def train(self, context: Context, cfg: RunConfig, arrays: Arrays
+              ) -> tuple[Arrays | None, Metrics]:
+        client, cache = node_client(context, cfg)
+        metrics: Metrics = {}
+        _adopt(client, cache, arrays, cfg, metrics)
+        start = client.readout.copy()
+        done = len(client.episode_returns)
+        schedule = epsilon_schedule(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor)
+        k = cfg.episodes_per_round
+        client.collect(k, schedule(np.arange(done, done + k)))
+        client.fit(cfg.local_iterations, init=start, prior=start)
+        metrics.update({C.NUM_TRANSITIONS: client.n_transitions,
+                        TRAIN_RETURN_LAST100: float(np.mean(client.episode_returns[-100:]))})
+        if C.READOUT in arrays:
+            return {C.READOUT: client.readout}, metrics
+        return {C.Q_ANCHORS: client.q_values(arrays[C.ANCHORS])}, metrics
+
+    def evaluate(self, context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
+        client, cache = node_client(context, cfg)
+        metrics: Metrics = {C.NUM_TRANSITIONS: max(client.n_transitions, 1)}
+        _adopt(client, cache, arrays, cfg, metrics)
+        returns = greedy_return(cfg, client.encoder, client.readout,
+                                party=partition(context)[0], dynamics=cache["dynamics"])
+        metrics[C.RETURN_MEAN] = float(returns.mean())
+        metrics[C.RETURN_STD] = float(returns.std())
+        return metrics
+
+
+LEARNER = FQIOnline()

@@ -1,0 +1,49 @@
+"""The online protocol inside the Flower apps (in process, no Ray)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fedqhd.client.app import app as client_app
+from fedqhd.config import ConfigError, RunConfig
+from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100
+from fedqhd.server.app import run_federation
+from fedqhd.server.inprocess import InProcessGrid
+from fedqhd.strategies import contract as C
+
+SMALL = {"protocol": "online", "hd-dim": 300, "gamma": 0.9, "ridge": 1.0, "proximal": 0.01,
+         "local-iterations": 5, "episodes-per-round": 20, "eval-episodes": 3,
+         "num-anchors": 200, "min-nodes": 2}
+
+
+def _run(tmp_path, n_clients: int = 2, **keys) -> dict:
+    cfg = RunConfig.from_run_config({**SMALL, "output-dir": str(tmp_path), **keys})
+    _, out_dir = run_federation(InProcessGrid([client_app] * n_clients,
+                                              run_config=cfg.to_run_config()), cfg)
+    return json.loads((out_dir / "results.json").read_text())
+
+
+@pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
+def test_online_clients_collect_every_round_and_learn(tmp_path, encoder):
+    rounds = _run(tmp_path, encoder=encoder, **{"num-server-rounds": 6})["rounds"]
+    transitions = [r[C.NUM_TRANSITIONS] for r in rounds]
+    assert all(b > a for a, b in zip(transitions, transitions[1:], strict=False))  # data grow
+    first, last = rounds[0][TRAIN_RETURN_LAST100], rounds[-1][TRAIN_RETURN_LAST100]
+    # epsilon-greedy starts near random (about 21); last 100 of 120 episodes: clearly better
+    assert first < 40 and last > max(1.5 * first, 25.0)
+    assert all(r[C.REPLIES_OK] == 2 and np.isfinite(r[C.RETURN_MEAN]) for r in rounds)
+
+
+def test_online_keys_are_validated():
+    with pytest.raises(ConfigError, match="episodes-per-round"):
+        RunConfig.from_run_config({"protocol": "online", "episodes-per-round": 0})
+    with pytest.raises(ConfigError, match="epsilon-decay"):
+        RunConfig.from_run_config({"epsilon-decay": 1.5})
+    with pytest.raises(ConfigError, match="'protocol' = 'online' needs 'learner' = 'fqi'"):
+        RunConfig.from_run_config({"protocol": "online", "learner": "pool",
+                                   "env-id": "fedqhd/Inventory-v0"})
+    with pytest.raises(ConfigError, match="floor <= start"):
+        RunConfig.from_run_config({"epsilon-start": 0.1, "epsilon-floor": 0.5})
