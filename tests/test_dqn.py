@@ -50,6 +50,12 @@ def test_parameters_round_trip_and_padded_widths_compute_the_narrow_network():
         # masked units neither act nor move: the padding is still exactly zero
         w1 = np.asarray(c._params[0])
         assert np.all(w1[1, :, 32:] == 0) and np.all(w1[2, :, 48:] == 0)
+        # and the masks make the padding inert even when it is not zero
+        narrow = c.q_values(states)
+        rng = np.random.default_rng(5)
+        c._params = tuple(p + rng.normal(size=p.shape).astype(np.float32) * (p == 0)
+                          for p in c._params)
+        np.testing.assert_allclose(c.q_values(states)[1:], narrow[1:], rtol=1e-4, atol=1e-5)
         new = [a + 1.0 for a in c.get_parameters(1)]
         c.set_parameters(new, 1)
         for a, b in zip(c.get_parameters(1), new, strict=True):
