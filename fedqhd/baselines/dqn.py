@@ -516,7 +516,9 @@ def run_distill_dqn(
     ``setting``: "shared" (all clients (128, 256), independent inits) or
     "heterogeneous" (hidden widths cycled from ``hetero_widths``). The result is
     as :func:`run_fedavg_dqn`'s, with per-round ``kl-before`` / ``kl-after``
-    (mean over clients) and ``greedy-return`` the clients' mean greedy return.
+    (mean over clients), ``greedy-return`` the clients' mean greedy return after
+    the last round and ``greedy-return-before-last-distill`` the same just before
+    that round's distillation.
     """
     if setting == "shared":
         hidden = dqn_kwargs.pop("hidden", (128, 256))
@@ -534,6 +536,9 @@ def run_distill_dqn(
             k = min(aggregate_every, episodes - done)
             chunks.append(clients.collect_and_train(k))
             done += k
+            if done >= episodes:  # diagnostic: does the last distillation help the policy?
+                before_last = [rollout_returns(env_id, clients.greedy_policy(i), eval_episodes,
+                                               seed + 10**6).mean() for i in range(n_clients)]
             teacher = clients.q_values(anchors).mean(axis=0)
             kl0, kl1 = clients.distill(anchors, teacher, tau, distill_steps)
             ret = np.concatenate(chunks, axis=1)
@@ -549,6 +554,7 @@ def run_distill_dqn(
         return _finish(clients, ret, rounds, greedy, time.perf_counter() - t_wall,
                        time.process_time() - t_cpu,
                        {"method": "distill-dqn", "setting": setting, "tau": tau,
+                        "greedy-return-before-last-distill": float(np.mean(before_last)),
                         "hidden": [list(h) for h in clients.hidden]})
     finally:
         clients.close()
