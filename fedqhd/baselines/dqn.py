@@ -1,0 +1,560 @@
+"""The FedQHD paper's deep baselines: FedAvg-DQN and distillation FedDQN.
+
+A Flower-free numeric core (a Flower ClientApp can drive :class:`DQNClients`
+with ``n_clients=1`` through :meth:`~DQNClients.get_parameters`,
+:meth:`~DQNClients.set_parameters`, :meth:`~DQNClients.collect_and_train`,
+:meth:`~DQNClients.q_values` and :meth:`~DQNClients.distill`).
+
+Protocol (the paper's online setting): every client runs epsilon-greedy
+episodes of its current network in its own env copy, stores the transitions in
+its own replay buffer and takes one Adam step on a random minibatch after every
+env step. Every ``aggregate_every`` episodes the server
+
+* FedAvg-DQN: averages the network parameters (uniform or by transitions) and
+  sends the mean back (each client keeps its own Adam state; its target network
+  is reset to the mean);
+* distillation FedDQN: averages the clients' Q-values on fixed anchor states
+  (the teacher) and each client takes ``distill_steps`` Adam steps of
+  ``KL(softmax(teacher / tau) || softmax(Q / tau))`` on the anchors. Clients
+  keep their own networks, which may differ in hidden widths.
+
+Implementation: JAX + optax (the optional ``dqn`` extra), imported lazily. The
+clients of one process are vectorised: their parameters are stacked on a
+leading client axis and one jitted call per env step trains all of them and
+returns their next greedy actions (``jax.vmap``), while their envs step
+together. Clients with different hidden widths share one padded network whose
+unused units are masked to zero: a masked unit has zero activation and zero
+gradient (so Adam never moves it), which makes the padded network compute
+exactly the narrower one. :meth:`DQNClients.get_parameters` returns the
+unpadded arrays.
+
+TD target: ``r + gamma * (1 - terminated) * max_a Q_target(s', a)``; a time-limit
+truncation bootstraps (the paper's code stops at any ``done``). Loss: Huber.
+Target network: hard copy of the online network every ``target_update``
+gradient steps (default 500) and after every FedAvg aggregation.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from types import SimpleNamespace
+
+import numpy as np
+
+from fedqhd.anchors import make_anchors
+from fedqhd.envs import get_spec, make_env, rollout_returns
+
+__all__ = [
+    "DQNClients",
+    "HETERO_WIDTHS",
+    "fedavg",
+    "run_distill_dqn",
+    "run_fedavg_dqn",
+]
+
+#: hidden widths cycled over clients in the heterogeneous distillation setting
+#: (none wider than the shared (128, 256), so padding costs no extra compute)
+HETERO_WIDTHS: tuple[tuple[int, int], ...] = ((128, 256), (64, 128), (96, 192), (128, 128),
+                                              (48, 96))
+
+
+def _require_jax():
+    try:
+        import jax
+        import jax.numpy as jnp
+        import optax
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "fedqhd.baselines.dqn needs JAX and optax; install the optional extra: "
+            "pip install 'fedqhd[dqn]'"
+        ) from exc
+    return jax, jnp, optax
+
+
+@functools.cache
+def _kernels(lr: float, gamma: float):
+    """Jitted functions over stacked clients (built once per (lr, gamma))."""
+    jax, jnp, optax = _require_jax()
+    tx = optax.adam(lr)
+
+    def q_one(p, m, x):
+        w1, b1, w2, b2, w3, b3 = p
+        m1, m2 = m
+        h = jax.nn.relu(x @ w1 + b1) * m1
+        h = jax.nn.relu(h @ w2 + b2) * m2
+        return h @ w3 + b3
+
+    def td_loss(p, tp, m, s, a, r, s2, term):
+        q = jnp.take_along_axis(q_one(p, m, s), a[:, None], axis=1)[:, 0]
+        y = r + gamma * (1.0 - term) * q_one(tp, m, s2).max(axis=1)
+        return optax.huber_loss(q, jax.lax.stop_gradient(y)).mean()
+
+    def where(c, new, old):
+        return jax.tree_util.tree_map(lambda a, b: jnp.where(c, a, b), new, old)
+
+    def train_one(p, tp, opt, m, s, a, r, s2, term, do_train, do_sync, obs):
+        loss, g = jax.value_and_grad(td_loss)(p, tp, m, s, a, r, s2, term)
+        upd, opt_new = tx.update(g, opt, p)
+        p = where(do_train, optax.apply_updates(p, upd), p)
+        opt = where(do_train, opt_new, opt)
+        tp = where(do_sync, p, tp)
+        greedy = jnp.argmax(q_one(p, m, obs[None, :])[0])
+        return p, tp, opt, loss, greedy
+
+    def kl_one(p, m, x, teacher, tau):
+        log_q = jax.nn.log_softmax(q_one(p, m, x) / tau, axis=1)
+        log_t = jax.nn.log_softmax(teacher / tau, axis=1)
+        return (jnp.exp(log_t) * (log_t - log_q)).sum(axis=1).mean()
+
+    def distill_one(p, opt, m, x, teacher, tau, steps):
+        def body(carry, _):
+            p, opt = carry
+            kl, g = jax.value_and_grad(kl_one)(p, m, x, teacher, tau)
+            upd, opt = tx.update(g, opt, p)
+            return (optax.apply_updates(p, upd), opt), kl
+
+        (p, opt), kls = jax.lax.scan(body, (p, opt), None, length=steps)
+        return p, opt, kls[0], kl_one(p, m, x, teacher, tau)
+
+    return SimpleNamespace(
+        tx=tx,
+        step=jax.jit(jax.vmap(train_one)),
+        greedy=jax.jit(jax.vmap(lambda p, m, o: jnp.argmax(q_one(p, m, o[None, :])[0]))),
+        q=jax.jit(jax.vmap(q_one, in_axes=(0, 0, None))),
+        kl=jax.jit(jax.vmap(kl_one, in_axes=(0, 0, None, 0, None))),
+        distill=jax.jit(jax.vmap(distill_one, in_axes=(0, 0, 0, None, 0, None, None)),
+                        static_argnums=(6,)),
+    )
+
+
+def _init_mlp(rng: np.random.Generator, sizes: Sequence[int]) -> list[np.ndarray]:
+    """PyTorch-style init: weights and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    out = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+        k = 1.0 / np.sqrt(fan_in)
+        out.append(rng.uniform(-k, k, size=(fan_in, fan_out)).astype(np.float32))
+        out.append(rng.uniform(-k, k, size=fan_out).astype(np.float32))
+    return out
+
+
+def fedavg(params: Sequence[Sequence[np.ndarray]], weights: Sequence[float] | None = None
+           ) -> list[np.ndarray]:
+    """Elementwise weighted mean of clients' parameter lists (plain FedAvg).
+
+    ``params[i]`` is client ``i``'s list of arrays (same shapes across clients);
+    ``weights`` default to uniform and are normalised to sum to one.
+    """
+    n = len(params)
+    if n == 0:
+        raise ValueError("fedavg needs at least one client")
+    w = np.full(n, 1.0 / n) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != (n,) or np.any(w < 0) or w.sum() <= 0:
+        raise ValueError(f"fedavg weights must be {n} non-negative numbers with a positive sum")
+    w = w / w.sum()
+    return [
+        sum(wi * np.asarray(p[k], dtype=np.float64) for wi, p in zip(w, params, strict=True))
+        .astype(np.asarray(params[0][k]).dtype)
+        for k in range(len(params[0]))
+    ]
+
+
+class _Replay:
+    """Per-client ring buffers in numpy, shape (n_clients, capacity, ...)."""
+
+    def __init__(self, n: int, capacity: int, obs_dim: int):
+        self.capacity = capacity
+        self.s = np.zeros((n, capacity, obs_dim), np.float32)
+        self.s2 = np.zeros((n, capacity, obs_dim), np.float32)
+        self.a = np.zeros((n, capacity), np.int32)
+        self.r = np.zeros((n, capacity), np.float32)
+        self.term = np.zeros((n, capacity), np.float32)
+        self.ptr = np.zeros(n, np.int64)
+        self.size = np.zeros(n, np.int64)
+
+    def add(self, i: int, s, a, r, s2, term) -> None:
+        k = self.ptr[i]
+        self.s[i, k], self.a[i, k], self.r[i, k], self.s2[i, k], self.term[i, k] = s, a, r, s2, term
+        self.ptr[i] = (k + 1) % self.capacity
+        self.size[i] = min(self.size[i] + 1, self.capacity)
+
+    def sample(self, rng: np.random.Generator, batch: int):
+        n = len(self.size)
+        idx = (rng.random((n, batch)) * np.maximum(self.size, 1)[:, None]).astype(np.int64)
+        rows = np.arange(n)[:, None]
+        return self.s[rows, idx], self.a[rows, idx], self.r[rows, idx], self.s2[rows, idx], \
+            self.term[rows, idx]
+
+
+class DQNClients:
+    """``n_clients`` DQN learners, each with its own env copy, replay and epsilon.
+
+    Parameters
+    ----------
+    env_id : str
+        One of :data:`fedqhd.envs.ENV_IDS`.
+    n_clients : int
+        Number of clients held (vectorised); a Flower client holds 1.
+    seed : int
+        Seeds network init, env resets, exploration and minibatches; client ``i``
+        of ``DQNClients(seed=s)`` draws from ``SeedSequence([s, i])``.
+    hidden : (int, int) or sequence of (int, int)
+        Hidden widths, one pair for all clients or one per client
+        (default: the paper's (128, 256)).
+    same_init : bool
+        Give every client the same initial network (FedAvg starts from one model).
+    lr, gamma : float
+        Adam learning rate (1e-3) and discount (0.99).
+    eps_start, eps_decay, eps_min : float
+        Epsilon-greedy: 1.0, multiplied by 0.995 after each episode, floor 0.001.
+    replay_size, batch_size : int
+        Replay capacity per client (10,000) and minibatch (64).
+    learning_starts : int
+        Transitions a client must hold before it trains (default: one batch).
+    target_update : int
+        Gradient steps between hard target-network copies (500).
+    dynamics : dict or sequence of dicts or None
+        Physical parameters of the clients' envs (see :func:`fedqhd.envs.make_env`).
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        n_clients: int = 1,
+        seed: int = 0,
+        hidden: Sequence[int] | Sequence[Sequence[int]] = (128, 256),
+        same_init: bool = False,
+        lr: float = 1e-3,
+        gamma: float = 0.99,
+        eps_start: float = 1.0,
+        eps_decay: float = 0.995,
+        eps_min: float = 0.001,
+        replay_size: int = 10_000,
+        batch_size: int = 64,
+        learning_starts: int | None = None,
+        target_update: int = 500,
+        dynamics: dict | Sequence[dict | None] | None = None,
+    ):
+        jax, jnp, _ = _require_jax()
+        self._jnp = jnp
+        spec = get_spec(env_id)
+        self.env_id, self.n_clients = env_id, int(n_clients)
+        self.obs_dim, self.n_actions = spec.obs_dim, spec.n_actions
+        n = self.n_clients
+        if isinstance(hidden[0], int | np.integer):
+            hidden = [tuple(hidden)] * n
+        self.hidden = [tuple(int(h) for h in pair) for pair in hidden]
+        if len(self.hidden) != n or any(len(h) != 2 for h in self.hidden):
+            raise ValueError(f"hidden must be one (h1, h2) pair or {n} of them")
+        self.batch_size, self.target_update = int(batch_size), int(target_update)
+        self.learning_starts = self.batch_size if learning_starts is None else int(learning_starts)
+        self.eps_decay, self.eps_min = float(eps_decay), float(eps_min)
+        self._k = _kernels(float(lr), float(gamma))
+
+        seqs = [np.random.SeedSequence([int(seed), i]) for i in range(n)]
+        self._rngs = [np.random.default_rng(s) for s in seqs]
+        self._batch_rng = np.random.default_rng(np.random.SeedSequence([int(seed), n, 0xBA7C]))
+        h1m = max(h[0] for h in self.hidden)
+        h2m = max(h[1] for h in self.hidden)
+        self._h_max = (h1m, h2m)
+        stacked = [np.zeros((n, *shape), np.float32) for shape in self._shapes(h1m, h2m)]
+        init_rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x1417]))
+        for i, (h1, h2) in enumerate(self.hidden):
+            rng = init_rng if not same_init else np.random.default_rng(
+                np.random.SeedSequence([int(seed), 0x1417]))
+            self._pad_into(stacked, i, _init_mlp(rng, (self.obs_dim, h1, h2, self.n_actions)))
+        masks = (np.zeros((n, h1m), np.float32), np.zeros((n, h2m), np.float32))
+        for i, (h1, h2) in enumerate(self.hidden):
+            masks[0][i, :h1] = 1.0
+            masks[1][i, :h2] = 1.0
+        self._masks = tuple(jnp.asarray(m) for m in masks)
+        self._params = tuple(jnp.asarray(a) for a in stacked)
+        self._target = self._params
+        self._opt = jax.vmap(self._k.tx.init)(self._params)
+        self._distill_opt = jax.vmap(self._k.tx.init)(self._params)
+
+        if dynamics is None or isinstance(dynamics, dict):
+            dynamics = [dynamics] * n
+        self.envs = [make_env(env_id, d) for d in dynamics]
+        self.replay = _Replay(n, int(replay_size), self.obs_dim)
+        self.epsilon = np.full(n, float(eps_start))
+        self.episodes_done = np.zeros(n, np.int64)
+        self.transitions = np.zeros(n, np.int64)  #: env steps collected so far
+        self.grad_steps = np.zeros(n, np.int64)
+        self.step_calls = 0  #: fused train-and-act calls (one per lockstep env step)
+        self.step_seconds = 0.0  #: wall time inside those calls
+        self.env_seconds = 0.0  #: wall time in env.step / env.reset
+
+    # ---- parameters ---------------------------------------------------------------
+    def _shapes(self, h1: int, h2: int):
+        d, na = self.obs_dim, self.n_actions
+        return [(d, h1), (h1,), (h1, h2), (h2,), (h2, na), (na,)]
+
+    @staticmethod
+    def _pad_into(stacked, i, arrays):
+        for dst, src in zip(stacked, arrays, strict=True):
+            dst[(i, *(slice(0, s) for s in src.shape))] = src
+
+    def get_parameters(self, i: int = 0) -> list[np.ndarray]:
+        """Client ``i``'s network as 6 float32 arrays: W1, b1, W2, b2, W3, b3 (unpadded)."""
+        h1, h2 = self.hidden[i]
+        return [np.asarray(p[(i, *(slice(0, s) for s in shape))])
+                for p, shape in zip(self._params, self._shapes(h1, h2), strict=True)]
+
+    def set_parameters(self, arrays: Sequence[np.ndarray], i: int = 0,
+                       reset_target: bool = True) -> None:
+        """Load client ``i``'s network (shapes as :meth:`get_parameters`); by default
+        its target network is set to the same values."""
+        h1, h2 = self.hidden[i]
+        shapes = self._shapes(h1, h2)
+        if len(arrays) != len(shapes) or any(np.shape(a) != s for a, s in zip(arrays, shapes,
+                                                                               strict=True)):
+            raise ValueError(f"client {i} expects arrays of shapes {shapes}")
+        self._params = tuple(
+            p.at[(i, *(slice(0, s) for s in shape))].set(np.asarray(a, np.float32))
+            for p, a, shape in zip(self._params, arrays, shapes, strict=True))
+        if reset_target:
+            self._target = tuple(
+                t.at[i].set(p[i]) for t, p in zip(self._target, self._params, strict=True))
+
+    # ---- acting and learning ------------------------------------------------------
+    def collect_and_train(self, n_episodes: int) -> np.ndarray:
+        """Every client runs ``n_episodes`` epsilon-greedy episodes, training after
+        each env step. Returns the episode returns, shape (n_clients, n_episodes)."""
+        n, jnp = self.n_clients, self._jnp
+        returns = np.zeros((n, n_episodes))
+        ep = np.zeros(n, np.int64)  # episodes finished in this call
+        ep_ret = np.zeros(n)
+        obs = np.zeros((n, self.obs_dim), np.float32)
+        t0 = time.perf_counter()
+        for i in range(n):
+            obs[i] = self.envs[i].reset(seed=int(self._rngs[i].integers(2**31 - 1)))[0]
+        self.env_seconds += time.perf_counter() - t0
+        greedy = np.asarray(self._k.greedy(self._params, self._masks, jnp.asarray(obs)))
+        while np.any(ep < n_episodes):
+            active = ep < n_episodes
+            t0 = time.perf_counter()
+            for i in np.flatnonzero(active):
+                rng = self._rngs[i]
+                a = int(rng.integers(self.n_actions)) if rng.random() < self.epsilon[i] \
+                    else int(greedy[i])
+                s2, r, term, trunc, _ = self.envs[i].step(a)
+                self.replay.add(i, obs[i], a, r, s2, float(term))
+                ep_ret[i] += r
+                self.transitions[i] += 1
+                if term or trunc:
+                    returns[i, ep[i]] = ep_ret[i]
+                    ep[i] += 1
+                    ep_ret[i] = 0.0
+                    self.episodes_done[i] += 1
+                    self.epsilon[i] = max(self.eps_min, self.epsilon[i] * self.eps_decay)
+                    if ep[i] < n_episodes:
+                        s2 = self.envs[i].reset(seed=int(rng.integers(2**31 - 1)))[0]
+                obs[i] = s2
+            t1 = time.perf_counter()
+            do_train = active & (self.replay.size >= self.learning_starts)
+            self.grad_steps += do_train
+            do_sync = do_train & (self.grad_steps % self.target_update == 0)
+            batch = self.replay.sample(self._batch_rng, self.batch_size)
+            self._params, self._target, self._opt, _, g = self._k.step(
+                self._params, self._target, self._opt, self._masks, *batch,
+                do_train, do_sync, obs)
+            greedy = np.asarray(g)
+            self.step_calls += 1
+            self.env_seconds += t1 - t0
+            self.step_seconds += time.perf_counter() - t1
+        return returns
+
+    # ---- function-space interface (distillation) ----------------------------------
+    def q_values(self, states: np.ndarray) -> np.ndarray:
+        """Every client's Q on ``states`` (m, obs_dim): shape (n_clients, m, n_actions)."""
+        x = self._jnp.asarray(np.asarray(states, np.float32))
+        return np.asarray(self._k.q(self._params, self._masks, x))
+
+    def kl_to_teacher(self, states: np.ndarray, teacher: np.ndarray, tau: float = 1.0
+                      ) -> np.ndarray:
+        """Mean over states of KL(softmax(teacher/tau) || softmax(Q_i/tau)), per client."""
+        t = np.broadcast_to(np.asarray(teacher, np.float32),
+                            (self.n_clients, len(states), self.n_actions))
+        return np.asarray(self._k.kl(self._params, self._masks,
+                                     np.asarray(states, np.float32), t, float(tau)))
+
+    def distill(self, states: np.ndarray, teacher: np.ndarray, tau: float = 1.0,
+                steps: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """``steps`` Adam steps per client on the KL to ``teacher`` at ``states``.
+
+        ``teacher`` is (m, n_actions) for all clients or (n_clients, m, n_actions).
+        The distillation Adam state is kept apart from the TD one. Returns the KL
+        before and after, per client.
+        """
+        t = np.broadcast_to(np.asarray(teacher, np.float32),
+                            (self.n_clients, len(states), self.n_actions))
+        self._params, self._distill_opt, before, after = self._k.distill(
+            self._params, self._distill_opt, self._masks, np.asarray(states, np.float32),
+            t, float(tau), int(steps))
+        return np.asarray(before), np.asarray(after)
+
+    def greedy_policy(self, i: int = 0):
+        """Client ``i``'s greedy policy as a numpy function obs -> action (for evaluation)."""
+        w1, b1, w2, b2, w3, b3 = (a.astype(np.float64) for a in self.get_parameters(i))
+
+        def policy(obs: np.ndarray) -> int:
+            h = np.maximum(np.asarray(obs, np.float64) @ w1 + b1, 0.0)
+            h = np.maximum(h @ w2 + b2, 0.0)
+            return int(np.argmax(h @ w3 + b3))
+
+        return policy
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def _last100(returns: np.ndarray) -> float:
+    """Mean over clients of each client's mean return over its last 100 episodes."""
+    return float(returns[:, -100:].mean())
+
+
+def _finish(clients: DQNClients, returns, rounds, greedy, t_wall, t_cpu, extra) -> dict:
+    steps = max(clients.step_calls, 1)
+    return {
+        "env-id": clients.env_id,
+        "n-clients": clients.n_clients,
+        "episodes": int(returns.shape[1]),
+        "rounds": rounds,
+        "returns": returns,
+        "train-return-last100": _last100(returns),
+        "greedy-return": float(np.mean(greedy)),
+        "greedy-return-per-client": [float(g) for g in greedy],
+        "wall-s": t_wall,
+        "cpu-s": t_cpu,
+        "transitions": int(clients.transitions.sum()),
+        "lockstep-steps": clients.step_calls,
+        "ms-per-step-call": 1e3 * clients.step_seconds / steps,
+        "ms-env-per-step": 1e3 * clients.env_seconds / steps,
+        **extra,
+    }
+
+
+def run_fedavg_dqn(
+    env_id: str,
+    n_clients: int = 5,
+    episodes: int = 600,
+    aggregate_every: int = 25,
+    seed: int = 42,
+    weighting: str = "uniform",
+    eval_episodes: int = 10,
+    dynamics: dict | Sequence[dict | None] | None = None,
+    verbose: bool = False,
+    **dqn_kwargs,
+) -> dict:
+    """FedAvg-DQN in process: all clients start from one network; every
+    ``aggregate_every`` episodes their parameters are averaged (``weighting``
+    "uniform" or "transitions": by env steps collected in the round) and sent back.
+
+    Returns a dict with per-round ``rounds`` (``train-return-last100`` so far),
+    ``returns`` (n_clients, episodes), the final ``train-return-last100``, the
+    global network's ``greedy-return`` over ``eval_episodes`` (seed ``seed + 10**6``),
+    ``wall-s``, ``cpu-s`` (``time.process_time``) and per-step costs.
+    """
+    if weighting not in ("uniform", "transitions"):
+        raise ValueError(f"weighting must be uniform or transitions, got {weighting!r}")
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    clients = DQNClients(env_id, n_clients, seed, same_init=True, dynamics=dynamics,
+                         **dqn_kwargs)
+    try:
+        chunks, rounds, done = [], [], 0
+        while done < episodes:
+            k = min(aggregate_every, episodes - done)
+            before = clients.transitions.copy()
+            chunks.append(clients.collect_and_train(k))
+            done += k
+            w = None if weighting == "uniform" else clients.transitions - before
+            glob = fedavg([clients.get_parameters(i) for i in range(n_clients)], w)
+            for i in range(n_clients):
+                clients.set_parameters(glob, i)
+            ret = np.concatenate(chunks, axis=1)
+            rounds.append({"round": len(rounds) + 1, "episodes": done,
+                           "train-return-last100": _last100(ret)})
+            if verbose:
+                print(f"round {len(rounds)} episodes {done} last100 {_last100(ret):.1f} "
+                      f"eps {clients.epsilon[0]:.3f} {time.perf_counter() - t_wall:.0f}s",
+                      flush=True)
+        greedy = [rollout_returns(env_id, clients.greedy_policy(0), eval_episodes,
+                                  seed + 10**6).mean()]
+        return _finish(clients, ret, rounds, greedy, time.perf_counter() - t_wall,
+                       time.process_time() - t_cpu, {"method": "fedavg-dqn",
+                                                     "weighting": weighting})
+    finally:
+        clients.close()
+
+
+def run_distill_dqn(
+    env_id: str,
+    n_clients: int = 5,
+    episodes: int = 600,
+    aggregate_every: int = 25,
+    seed: int = 42,
+    setting: str = "shared",
+    tau: float = 1.0,
+    distill_steps: int = 10,
+    n_anchors: int = 200,
+    anchor_source: str = "rollouts",
+    hetero_widths: Sequence[Sequence[int]] = HETERO_WIDTHS,
+    eval_episodes: int = 10,
+    dynamics: dict | Sequence[dict | None] | None = None,
+    verbose: bool = False,
+    **dqn_kwargs,
+) -> dict:
+    """Distillation FedDQN in process: clients keep their own networks; every
+    ``aggregate_every`` episodes the teacher (uniform mean of the clients' Q on
+    ``n_anchors`` server anchor states, :func:`fedqhd.anchors.make_anchors`) is
+    distilled into every client by ``distill_steps`` Adam steps of the KL of
+    softmax(Q / ``tau``).
+
+    ``setting``: "shared" (all clients (128, 256), independent inits) or
+    "heterogeneous" (hidden widths cycled from ``hetero_widths``). The result is
+    as :func:`run_fedavg_dqn`'s, with per-round ``kl-before`` / ``kl-after``
+    (mean over clients), ``greedy-return`` the clients' mean greedy return after
+    the last round and ``greedy-return-before-last-distill`` the same just before
+    that round's distillation.
+    """
+    if setting == "shared":
+        hidden = dqn_kwargs.pop("hidden", (128, 256))
+    elif setting == "heterogeneous":
+        hidden = [tuple(hetero_widths[i % len(hetero_widths)]) for i in range(n_clients)]
+    else:
+        raise ValueError(f"setting must be shared or heterogeneous, got {setting!r}")
+    t_wall, t_cpu = time.perf_counter(), time.process_time()
+    anchors = make_anchors(anchor_source, env_id, n_anchors, seed)
+    clients = DQNClients(env_id, n_clients, seed, hidden=hidden, dynamics=dynamics,
+                         **dqn_kwargs)
+    try:
+        chunks, rounds, done = [], [], 0
+        while done < episodes:
+            k = min(aggregate_every, episodes - done)
+            chunks.append(clients.collect_and_train(k))
+            done += k
+            if done >= episodes:  # diagnostic: does the last distillation help the policy?
+                before_last = [rollout_returns(env_id, clients.greedy_policy(i), eval_episodes,
+                                               seed + 10**6).mean() for i in range(n_clients)]
+            teacher = clients.q_values(anchors).mean(axis=0)
+            kl0, kl1 = clients.distill(anchors, teacher, tau, distill_steps)
+            ret = np.concatenate(chunks, axis=1)
+            rounds.append({"round": len(rounds) + 1, "episodes": done,
+                           "train-return-last100": _last100(ret),
+                           "kl-before": float(kl0.mean()), "kl-after": float(kl1.mean())})
+            if verbose:
+                print(f"round {len(rounds)} episodes {done} last100 {_last100(ret):.1f} "
+                      f"kl {kl0.mean():.4f}->{kl1.mean():.4f} "
+                      f"{time.perf_counter() - t_wall:.0f}s", flush=True)
+        greedy = [rollout_returns(env_id, clients.greedy_policy(i), eval_episodes,
+                                  seed + 10**6).mean() for i in range(n_clients)]
+        return _finish(clients, ret, rounds, greedy, time.perf_counter() - t_wall,
+                       time.process_time() - t_cpu,
+                       {"method": "distill-dqn", "setting": setting, "tau": tau,
+                        "greedy-return-before-last-distill": float(np.mean(before_last)),
+                        "hidden": [list(h) for h in clients.hidden]})
+    finally:
+        clients.close()
