@@ -40,6 +40,7 @@ import functools
 import time
 from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
@@ -139,7 +140,8 @@ def _init_mlp(rng: np.random.Generator, sizes: Sequence[int]) -> list[np.ndarray
     return out
 
 
-def fedavg(params: Sequence[Sequence[np.ndarray]], weights: Sequence[float] | None = None
+def fedavg(params: Sequence[Sequence[np.ndarray]],
+           weights: Sequence[float] | np.ndarray | None = None
            ) -> list[np.ndarray]:
     """Elementwise weighted mean of clients' parameter lists (plain FedAvg).
 
@@ -242,9 +244,9 @@ class DQNClients:
         self.env_id, self.n_clients = env_id, int(n_clients)
         self.obs_dim, self.n_actions = spec.obs_dim, spec.n_actions
         n = self.n_clients
-        if isinstance(hidden[0], int | np.integer):
-            hidden = [tuple(hidden)] * n
-        self.hidden = [tuple(int(h) for h in pair) for pair in hidden]
+        pairs: list[Any] = ([tuple(hidden)] * n if isinstance(hidden[0], int | np.integer)
+                            else list(hidden))
+        self.hidden = [tuple(int(h) for h in pair) for pair in pairs]
         if len(self.hidden) != n or any(len(h) != 2 for h in self.hidden):
             raise ValueError(f"hidden must be one (h1, h2) pair or {n} of them")
         self.batch_size, self.target_update = int(batch_size), int(target_update)
@@ -335,7 +337,7 @@ class DQNClients:
         while np.any(ep < n_episodes):
             active = ep < n_episodes
             t0 = time.perf_counter()
-            for i in np.flatnonzero(active):
+            for i in np.flatnonzero(active).tolist():
                 rng = self._rngs[i]
                 a = int(rng.integers(self.n_actions)) if rng.random() < self.epsilon[i] \
                     else int(greedy[i])
@@ -464,7 +466,9 @@ def run_fedavg_dqn(
     clients = DQNClients(env_id, n_clients, seed, same_init=True, dynamics=dynamics,
                          **dqn_kwargs)
     try:
-        chunks, rounds, done = [], [], 0
+        chunks: list[Any] = []
+        rounds: list[dict[str, Any]] = []
+        done = 0
         while done < episodes:
             k = min(aggregate_every, episodes - done)
             before = clients.transitions.copy()
@@ -531,7 +535,9 @@ def run_distill_dqn(
     clients = DQNClients(env_id, n_clients, seed, hidden=hidden, dynamics=dynamics,
                          **dqn_kwargs)
     try:
-        chunks, rounds, done = [], [], 0
+        chunks: list[Any] = []
+        rounds: list[dict[str, Any]] = []
+        done = 0
         while done < episodes:
             k = min(aggregate_every, episodes - done)
             chunks.append(clients.collect_and_train(k))
