@@ -218,10 +218,11 @@ def fqi_speed(env_id: str, n_clients: int, dim: int, sweeps: int, seed: int = 0)
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="federated vs pooled vs lone FQI (in process)")
     p.add_argument("--env", default="CartPole-v1")
-    p.add_argument("--clients", type=int, default=10)
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated")
+    p.add_argument("--clients", type=int, help="clients (default 10; --suite paper: 5)")
+    p.add_argument("--seeds", help="comma-separated (default 0,1,2; --suite paper: 42,43,44)")
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--out", type=Path, default=Path("outputs/bench"))
+    p.add_argument("--out", type=Path,
+                   help="output folder (default outputs/bench; --suite paper: outputs/paper)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="run-config override as for flwr run --run-config, e.g. --set "
                    "hd-dim=1000 --set \"partition='iid'\" (repeatable)")
@@ -230,6 +231,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--speed", action="store_true",
                    help="instead: seconds per FQI sweep, factored once vs re-solved")
     p.add_argument("--dim", type=int, default=2000, help="D for --speed")
+    suite = p.add_argument_group("the paper's table (--suite paper): online protocol, "
+                                 "5 clients x 600 episodes, seeds 42,43,44 unless given")
+    suite.add_argument("--suite", choices=["paper"],
+                       help="instead: the FedQHD paper's table (fedqhd.paper)")
+    suite.add_argument("--envs", help="comma-separated tasks (default: all four)")
+    suite.add_argument("--settings", help="shared,heterogeneous (default: both)")
+    suite.add_argument("--methods", help="comma-separated (default: "
+                       "fedqhd,independent,fedavg-dqn,distill-dqn)")
+    suite.add_argument("--episodes", type=int, default=600, help="episodes per client")
     p.set_defaults(func=_main)
 
 
@@ -253,7 +263,38 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return {k.replace("-", "_"): parsed[k] for k in given}
 
 
+def _paper_suite(args: argparse.Namespace) -> int:
+    from fedqhd import paper
+
+    def pick(text: str | None, default: tuple, kind: type = str) -> list:
+        values = [kind(v) for v in text.split(",") if v] if text else list(default)
+        return values
+
+    envs = pick(args.envs, paper.ENVS)
+    settings = pick(args.settings, paper.SETTINGS)
+    methods = pick(args.methods, paper.METHODS)
+    for name, values, valid in (("--envs", envs, paper.ENVS),
+                                ("--settings", settings, paper.SETTINGS),
+                                ("--methods", methods, paper.METHODS)):
+        bad = [v for v in values if v not in valid]
+        if bad:
+            raise SystemExit(f"{name}: unknown {bad}; valid: {', '.join(valid)}")
+    seeds = pick(args.seeds, paper.SEEDS, int)
+    clients = args.clients or 5
+    out = args.out or Path("outputs/paper")
+    summary = paper.run_suite(envs, settings, methods, seeds, out, episodes=args.episodes,
+                              clients=clients)
+    print(paper.markdown_table(summary))
+    print(f"written {out / 'paper.json'}, {out / 'paper-table.md'} and curves-*.png")
+    return 0
+
+
 def _main(args: argparse.Namespace) -> int:
+    if args.suite == "paper":
+        return _paper_suite(args)
+    args.clients = args.clients or 10
+    args.seeds = args.seeds or "0,1,2"
+    args.out = args.out or Path("outputs/bench")
     if args.speed:
         result = fqi_speed(args.env, args.clients, args.dim, sweeps=10)
         print(json.dumps(result, indent=2))

@@ -27,3 +27,33 @@ def test_bench_reports_every_baseline_and_fidelity_to_pooled(tmp_path):
     assert 0 < avg["q-error-vs-pooled"] < 1 and 0.5 <= avg["greedy-agreement"] <= 1
     assert np.isfinite(row["fedqhd-anchor"]["return-mean"])
     assert json.loads((tmp_path / "bench.json").read_text())["mean"] == summary["mean"]
+
+
+def test_paper_suite_writes_json_table_and_curves_with_the_papers_numbers(tmp_path):
+    from fedqhd.cli import main
+
+    rc = main(["bench", "--suite", "paper", "--envs", "CartPole-v1", "--methods",
+               "fedqhd,independent", "--seeds", "0", "--clients", "2", "--episodes", "40",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    data = json.loads((tmp_path / "paper.json").read_text())
+    cells = {(c["method"], c["setting"]) for c in data["cells"]}
+    assert cells == {(m, s) for m in ("fedqhd", "independent")
+                     for s in ("shared", "heterogeneous")}
+    for c in data["cells"]:
+        assert np.isfinite(c["train-return-last100"]) and c["cpu-s"] > 0 and c["curve"]
+    table = (tmp_path / "paper-table.md").read_text()
+    assert "(466.3)" in table and "(351.1)" in table and "(26.1)" in table
+    assert (tmp_path / "curves-CartPole-v1.png").stat().st_size > 0
+
+
+def test_paper_suite_refuses_unknown_names_and_fedavg_dqn_heterogeneous():
+    import pytest
+
+    from fedqhd import paper
+    from fedqhd.cli import main
+
+    with pytest.raises(SystemExit, match="unknown"):
+        main(["bench", "--suite", "paper", "--methods", "fedqhd,magic"])
+    with pytest.raises(ValueError, match="shared setting"):
+        paper.run_cell("fedavg-dqn", "CartPole-v1", "heterogeneous", 0)

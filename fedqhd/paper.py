@@ -1,0 +1,193 @@
+"""The FedQHD paper's table on its own protocol: ``fedqhd bench --suite paper``.
+
+Every cell is one method on one task in one setting (shared or heterogeneous
+encoders) for one seed, under the paper's online protocol: ``clients`` clients,
+``episodes`` episodes each, collected by each client's current epsilon-greedy
+policy; the metric is the paper's, the mean training return of each client's
+last 100 episodes, averaged over clients. Methods:
+
+* ``fedqhd`` -- ours: bounded ridge FQI on HD features, readout averaging (shared)
+  or anchor-set teacher compilation (heterogeneous) (:func:`fedqhd.online.run_online`);
+* ``independent`` -- the same learners, never aggregated;
+* ``fedavg-dqn`` -- FedAvg of DQN MLPs (shared setting only, as in the paper);
+* ``distill-dqn`` -- distillation FedDQN on anchor states (both settings)
+  (:mod:`fedqhd.baselines.dqn`, extra ``dqn``).
+
+The suite writes ``paper.json`` (every cell, rewritten after each), one
+learning-curve PNG per task and ``paper-table.md``: mean +- std over seeds with
+the paper's number beside each cell, and wall and CPU seconds per run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ENVS: tuple[str, ...] = ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "MountainCar-v0")
+SETTINGS: tuple[str, ...] = ("shared", "heterogeneous")
+METHODS: tuple[str, ...] = ("fedqhd", "independent", "fedavg-dqn", "distill-dqn")
+SEEDS: tuple[int, ...] = (42, 43, 44)
+
+#: the paper's main table (3-seed means of the last-100 training return), (shared, heterogeneous);
+#: None where the paper has no entry
+PAPER: dict[str, dict[str, tuple[float | None, float | None]]] = {
+    "independent": {"CartPole-v1": (26.1, 24.0), "Acrobot-v1": (-306.1, -495.4),
+                    "LunarLander-v3": (-187.3, -174.6), "MountainCar-v0": (-200.0, -200.0)},
+    "truncate-avg": {"CartPole-v1": (230.8, 112.6), "Acrobot-v1": (-106.5, -280.8),
+                     "LunarLander-v3": (65.0, -24.8), "MountainCar-v0": (-148.3, -172.9)},
+    "fedavg-dqn": {"CartPole-v1": (120.8, None), "Acrobot-v1": (-85.3, None),
+                   "LunarLander-v3": (200.9, None), "MountainCar-v0": (-167.8, None)},
+    "distill-dqn": {"CartPole-v1": (169.9, 149.4), "Acrobot-v1": (-87.5, -89.2),
+                    "LunarLander-v3": (122.5, 131.4), "MountainCar-v0": (-156.0, -174.3)},
+    "fedqhd": {"CartPole-v1": (466.3, 351.1), "Acrobot-v1": (-105.0, -102.5),
+               "LunarLander-v3": (224.1, 101.5), "MountainCar-v0": (-143.7, -162.3)},
+}
+
+
+def paper_number(method: str, env_id: str, setting: str) -> float | None:
+    """The paper's 3-seed mean for a cell, or None."""
+    pair = PAPER.get(method, {}).get(env_id)
+    return None if pair is None else pair[SETTINGS.index(setting)]
+
+
+def applicable(method: str, setting: str) -> bool:
+    """FedAvg of network parameters needs one architecture: shared setting only."""
+    return not (method == "fedavg-dqn" and setting == "heterogeneous")
+
+
+def run_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 600,
+             clients: int = 5) -> dict[str, Any]:
+    """One method, task, setting and seed; returns the paper's metric, the final greedy
+    return, the learning curve (per round) and wall and CPU seconds."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; one of {', '.join(METHODS)}")
+    if setting not in SETTINGS:
+        raise ValueError(f"unknown setting {setting!r}; one of {', '.join(SETTINGS)}")
+    if not applicable(method, setting):
+        raise ValueError(f"{method} needs the shared setting (one network architecture)")
+    if method in ("fedqhd", "independent"):
+        from fedqhd.online import run_online
+
+        res = run_online(env_id, n_clients=clients, episodes=episodes, encoder=setting,
+                         aggregate="auto" if method == "fedqhd" else None, seed=seed)
+        curve = [(r["episodes"], r["train-return-last100"]) for r in res.rounds]
+        return {"train-return-last100": res.train_return_last100,
+                "greedy-return": res.greedy_return, "wall-s": res.wall_s, "cpu-s": res.cpu_s,
+                "curve": curve, "config": res.config}
+    from fedqhd.baselines import dqn
+
+    if method == "fedavg-dqn":
+        out = dqn.run_fedavg_dqn(env_id, n_clients=clients, episodes=episodes, seed=seed)
+    else:
+        out = dqn.run_distill_dqn(env_id, n_clients=clients, episodes=episodes, seed=seed,
+                                  setting=setting)
+    curve = [(r["episodes"], r["train-return-last100"]) for r in out["rounds"]]
+    return {"train-return-last100": float(out["train-return-last100"]),
+            "greedy-return": float(out["greedy-return"]), "wall-s": float(out["wall-s"]),
+            "cpu-s": float(out["cpu-s"]), "curve": curve}
+
+
+def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
+              methods: Sequence[str] = METHODS, seeds: Sequence[int] = SEEDS,
+              out: Path = Path("outputs/paper"), episodes: int = 600, clients: int = 5,
+              progress: bool = True, cell: Callable[..., dict[str, Any]] = run_cell
+              ) -> dict[str, Any]:
+    """Run every applicable cell, writing ``paper.json`` after each; then plots and table."""
+    from tqdm import tqdm
+
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(m, e, s, seed) for e in envs for s in settings for m in methods
+            for seed in seeds if applicable(m, s)]
+    summary: dict[str, Any] = {
+        "protocol": {"clients": clients, "episodes": episodes, "metric": "train-return-last100"},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "cells": []}
+    bar = tqdm(jobs, desc="paper suite", unit="run", disable=not progress)
+    for method, env_id, setting, seed in bar:
+        bar.set_postfix_str(f"{method} {env_id} {setting} seed {seed}")
+        row = {"method": method, "env-id": env_id, "setting": setting, "seed": seed,
+               **cell(method, env_id, setting, seed, episodes=episodes, clients=clients)}
+        summary["cells"].append(row)
+        (out / "paper.json").write_text(json.dumps(summary, indent=1, default=float))
+    summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    (out / "paper.json").write_text(json.dumps(summary, indent=1, default=float))
+    (out / "paper-table.md").write_text(markdown_table(summary))
+    plot_curves(summary, out)
+    return summary
+
+
+def _cells(summary: dict[str, Any], method: str, env_id: str, setting: str
+           ) -> list[dict[str, Any]]:
+    return [c for c in summary["cells"] if (c["method"], c["env-id"], c["setting"])
+            == (method, env_id, setting)]
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    """Method x (task, setting): ours mean +- std over seeds, the paper's number beside it;
+    then wall and CPU seconds per run (means)."""
+    cells = summary["cells"]
+    envs = [e for e in ENVS if any(c["env-id"] == e for c in cells)]
+    settings = [s for s in SETTINGS if any(c["setting"] == s for c in cells)]
+    methods = [m for m in METHODS if any(c["method"] == m for c in cells)]
+    cols = [(e, s) for e in envs for s in settings]
+    head = " | ".join(f"{e.split('-')[0]} {'shared' if s == 'shared' else 'het.'}" for e, s in cols)
+    lines = [f"Last-100 training return, mean +- std over seeds (paper's number in brackets); "
+             f"{summary['protocol']['clients']} clients x {summary['protocol']['episodes']} "
+             f"episodes.", "", f"| method | {head} |", "|---|" + "---:|" * len(cols)]
+    times = ["", "Wall / CPU seconds per run (mean over seeds).", "",
+             f"| method | {head} |", "|---|" + "---:|" * len(cols)]
+    for m in methods:
+        row, trow = [], []
+        for e, s in cols:
+            got = _cells(summary, m, e, s)
+            paper = paper_number(m, e, s)
+            ref = f" ({paper:g})" if paper is not None else ""
+            if not got:
+                row.append("-" + ref)
+                trow.append("-")
+                continue
+            v = np.array([c["train-return-last100"] for c in got])
+            row.append(f"{v.mean():.1f} +- {v.std():.1f}{ref}")
+            trow.append(f"{np.mean([c['wall-s'] for c in got]):.0f} / "
+                        f"{np.mean([c['cpu-s'] for c in got]):.0f}")
+        lines.append(f"| {m} | " + " | ".join(row) + " |")
+        times.append(f"| {m} | " + " | ".join(trow) + " |")
+    return "\n".join(lines + times) + "\n"
+
+
+def plot_curves(summary: dict[str, Any], out: Path) -> list[Path]:
+    """One PNG per task: last-100 training return against episodes, per method and setting
+    (mean over seeds, band: min to max)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for env_id in sorted({c["env-id"] for c in summary["cells"]}):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for method in METHODS:
+            for setting in SETTINGS:
+                got = [c for c in _cells(summary, method, env_id, setting) if c.get("curve")]
+                if not got:
+                    continue
+                n = min(len(c["curve"]) for c in got)
+                x = np.array([p[0] for p in got[0]["curve"][:n]])
+                y = np.array([[p[1] for p in c["curve"][:n]] for c in got])
+                line, = ax.plot(x, y.mean(0), label=f"{method} ({setting})",
+                                linestyle="-" if setting == "shared" else "--")
+                ax.fill_between(x, y.min(0), y.max(0), alpha=0.15, color=line.get_color())
+        ax.set_xlabel("episodes per client")
+        ax.set_ylabel("mean return of the last 100 training episodes")
+        ax.set_title(f"{env_id}: mean over seeds, band min-max", fontsize=9)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"curves-{env_id}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
