@@ -148,3 +148,21 @@ def test_time_limit_truncates_without_terminating() -> None:
 def test_rollout_rejects_zero_episodes() -> None:
     with pytest.raises(ValueError, match="n_episodes"):
         rollout_returns("CartPole-v1", lambda o: 0, 0, seed=0)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1"])
+def test_batched_rollouts_equal_one_at_a_time_rollouts(env_id):
+    from fedqhd.encoders import HDEncoder
+    from fedqhd.envs import batch_rollout_returns, get_spec, rollout_returns
+
+    spec = get_spec(env_id)
+    enc = HDEncoder(200, 1.0, scale=spec.obs_bound, random_state=0).fit(
+        np.zeros((1, spec.obs_dim)))
+    readout = np.random.default_rng(1).normal(size=(200, spec.n_actions))
+    one = rollout_returns(env_id, lambda s: int(np.argmax(enc.encode(s[None])[0] @ readout)),
+                          6, seed=3, dynamics=None)
+    batch = batch_rollout_returns(env_id, lambda s: np.argmax(enc.encode(s) @ readout, axis=1),
+                                  6, seed=3)
+    np.testing.assert_array_equal(one, batch)
+    if env_id == "CartPole-v1":
+        assert np.ptp(one) > 0  # different start states, different returns

@@ -26,7 +26,7 @@ from fedqhd.anchors import make_anchors
 from fedqhd.config import RunConfig
 from fedqhd.data import Shard, client_shard
 from fedqhd.encoders import HDEncoder, heterogeneous_encoder_params, shared_encoder_params
-from fedqhd.envs import ENV_IDS, get_spec, rollout_returns
+from fedqhd.envs import ENV_IDS, batch_rollout_returns, get_spec
 from fedqhd.learners.base import Arrays, Metrics, ServerPlan, env_problem, partition
 from fedqhd.readout import RidgeFQI, RidgeSystem
 from fedqhd.seeding import SERVER, anchor_seed, evaluation_seed
@@ -160,9 +160,11 @@ def greedy_policy(encoder: HDEncoder, readout: np.ndarray) -> Callable[[np.ndarr
 def greedy_return(cfg: RunConfig, encoder: HDEncoder, readout: np.ndarray, party: int = SERVER,
                   dynamics: dict[str, float] | None = None) -> np.ndarray:
     """Returns of ``eval-episodes`` greedy episodes of ``readout``, on the fixed episode seeds
-    of evaluator ``party`` (the server, or a client's partition id), under ``dynamics``."""
-    return rollout_returns(cfg.env_id, greedy_policy(encoder, readout), cfg.eval_episodes,
-                           seed=evaluation_seed(cfg.seed, party), dynamics=dynamics or None)
+    of evaluator ``party`` (the server, or a client's partition id), under ``dynamics``.
+    The episodes run side by side, their states encoded together at each step."""
+    return batch_rollout_returns(
+        cfg.env_id, lambda states: np.argmax(encoder.encode(states) @ readout, axis=1),
+        cfg.eval_episodes, seed=evaluation_seed(cfg.seed, party), dynamics=dynamics or None)
 
 
 # ---------------------------------------------------------------- settings -> objects
