@@ -19,4 +19,4 @@ def test_pool_grid_cli(tmp_path):
     assert main(["pool", "grid", "--reps", "1", "--Ms", "10", "--w", "1", "--H", "2",
                  "--n", "200", "--out", str(tmp_path), "--no-progress"]) == 0
     rows = json.loads((tmp_path / "grid_wd2.json").read_text())["rows"]
-    assert {r["setting"]["discretization"] for r in rows} == {"zones", "grid"}
+    assert {r["setting"]["zoning"] for r in rows} == {"post-decision", "norm", "grid"}

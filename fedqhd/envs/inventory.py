@@ -125,10 +125,51 @@ class InventoryModel:
                  + np.maximum(-x_next, 0.0) @ self.backorder[h])
 
     def reward_bounds(self, h: int) -> tuple[float, float]:
-        """Range of :meth:`known_reward` at stage h (for scaling to [0, 1])."""
+        """Range of :meth:`known_reward` at stage h alone.
+
+        Scaling each stage by its own range reweights the stages (a stage with
+        25x the costs counts as much as the cheapest one); learners should use
+        :meth:`common_reward_bounds`, one range for every stage.
+        """
         if self.model == "lost_sales":
             return -float(self.holding[h].sum()), float(self.backorder[h].sum())
         return -float(np.maximum(self.holding[h], self.backorder[h]).sum()), 0.0
+
+    def common_reward_bounds(self) -> tuple[float, float]:
+        """One range containing :meth:`known_reward` at every stage.
+
+        An affine map with the same slope at every stage preserves the objective
+        (sum of rewards) up to a constant, so the optimal policy is unchanged.
+        """
+        lows, highs = zip(*(self.reward_bounds(h) for h in range(self.horizon)), strict=True)
+        return float(min(lows)), float(max(highs))
+
+    # -- post-decision state -----------------------------------------------------------
+    def post_decision(self, b: np.ndarray) -> np.ndarray:
+        """Scaled order-up-to level ``u = state(y)`` in [0, 1]^w of points ``b = (s, a)``.
+
+        Costs, observable rewards and next states depend on ``(s, a)`` only through
+        ``y``, so ``Q_h(s, a) = G_h(u)``: the post-decision state is sufficient.
+        """
+        b = np.asarray(b, dtype=float)
+        return self.state(self.order_up_to(b[..., : self.w], np.clip(b[..., self.w :], 0, 1)))
+
+    def decision_point(self, u: np.ndarray) -> np.ndarray:
+        """A point ``b = (s, a)`` with ``post_decision(b) = u``: stock at ``y``, order 0."""
+        u = np.asarray(u, dtype=float)
+        return np.concatenate([u, np.zeros_like(u)], axis=-1)
+
+    def newsvendor_levels(self) -> np.ndarray:
+        """Per-stage critical-fractile stock levels y_h = F_h^-1(b / (b + h)), shape (H, w).
+
+        The one-period (myopic) rule a retailer would run: a sensible behaviour
+        policy, not the optimum of the H-stage problem.
+        """
+        frac = self.backorder / np.maximum(self.backorder + self.holding, 1e-12)
+        if self.demand_samples is None:
+            return frac.copy()
+        return np.stack([[np.quantile(self.demand_samples[h][:, i], frac[h, i])
+                          for i in range(self.w)] for h in range(self.horizon)])
 
     def initial_states(self, n: int, rng: np.random.Generator) -> np.ndarray:
         """d_1: stock uniform on [0, 1] (lost sales) or [-1, 1] (backlogged), i.e. s ~ U[0,1]^w."""
@@ -318,15 +359,35 @@ class Trajectories:
         return self.states.shape[0]
 
 
-def generate_dataset(model: InventoryModel, n: int, random_state: int = 0) -> Trajectories:
-    """Behaviour-policy trajectories (uniform random order quantities), deterministic in seed."""
+BEHAVIOURS = ("uniform", "base-stock")  #: behaviour policies of :func:`generate_dataset`
+
+
+def generate_dataset(model: InventoryModel, n: int, random_state: int = 0,
+                     behaviour: str = "uniform", noise: float = 0.15) -> Trajectories:
+    """Behaviour-policy trajectories, deterministic in seed.
+
+    ``behaviour="uniform"``: order quantities uniform on [0, 1] (the paper's).
+    ``behaviour="base-stock"``: what a retailer's records look like -- each step
+    orders up to the myopic newsvendor level (:meth:`InventoryModel.newsvendor_levels`)
+    plus Gaussian noise of scale ``noise`` (in units of D_max), drawn per step and
+    product: ``a = clip(level + noise * z - x, 0, 1)``.
+    """
+    if behaviour not in BEHAVIOURS:
+        raise ValueError(f"behaviour must be one of {BEHAVIOURS}, got {behaviour!r}")
     rng = np.random.default_rng(random_state)
     s = model.initial_states(n, rng)
     states = np.empty((n, model.horizon + 1, model.w))
-    actions = rng.random((n, model.horizon, model.w))
+    if behaviour == "uniform":
+        actions = rng.random((n, model.horizon, model.w))
+    else:
+        actions = np.empty((n, model.horizon, model.w))
+        levels = model.newsvendor_levels()
     rewards = np.empty((n, model.horizon))
     states[:, 0] = s
     for h in range(model.horizon):
+        if behaviour == "base-stock":
+            target = levels[h] + noise * rng.standard_normal((n, model.w))
+            actions[:, h] = np.clip(target - model.stock(s), 0.0, 1.0)
         s, _, rewards[:, h] = model.step_batch(h, s, actions[:, h],
                                                model.sample_demand(h, n, rng))
         states[:, h + 1] = s

@@ -22,16 +22,16 @@ import numpy as np
 
 from fedqhd.envs.inventory import InventoryModel, Trajectories
 from fedqhd.pool.api import client_release, make_pool_learner
-from fedqhd.pool.counts import count_visits, exact_counts
+from fedqhd.pool.counts import Zoning, count_visits, exact_counts
 from fedqhd.pool.learner import PoolLearner
-from fedqhd.pool.zones import GridZones, NormZones, StateCells
+from fedqhd.pool.zones import StateCells
 from fedqhd.privacy import NumpyNoise, gaussian_sigma
 
 METHODS = ("nonprivate", "pool", "input", "output")
 
 
 def fit_method(method: str, model: InventoryModel, data: Trajectories,
-               zones: NormZones | GridZones, cells: StateCells, rho: float,
+               zones: Zoning, cells: StateCells, rho: float,
                random_state: int = 0, **learner_kw) -> PoolLearner:
     """Fit one method; returns a fitted learner (``act``, ``q_values``)."""
     noise = NumpyNoise(random_state)

@@ -13,7 +13,8 @@ import json
 import time
 from pathlib import Path
 
-from fedqhd.envs.inventory import DEMANDS, MODELS
+from fedqhd.envs.inventory import BEHAVIOURS, DEMANDS, MODELS
+from fedqhd.pool.api import ZONINGS
 from fedqhd.pool.baselines import METHODS
 from fedqhd.pool.experiments import Setting, grid_study, rho_study, run_grid, sweep_study
 
@@ -34,12 +35,38 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=5000, help="offline trajectories")
     p.add_argument("--model", choices=MODELS, default="lost_sales")
     p.add_argument("--demand", choices=DEMANDS, default="uniform")
+    p.add_argument("--zoning", choices=ZONINGS, default="post-decision",
+                   help="post-decision (zones over y = s + a) or the paper's norm zones")
+    p.add_argument("--behaviour", choices=BEHAVIOURS, default="uniform",
+                   help="behaviour data: uniform random orders or a noisy base-stock policy")
+    p.add_argument("--reward-scale", choices=["common", "stage"], default="common",
+                   help="one reward scale for all stages, or per stage (biased, old)")
+    p.add_argument("--threshold", default="auto",
+                   help="known-zone threshold: auto (3 noise sigmas for post-decision "
+                   "zones, the paper's E_rho otherwise), erho, or k (k noise sigmas)")
+    p.add_argument("--n-cells", type=int, default=20, help="next-state cells")
     p.add_argument("--no-progress", action="store_true")
+
+
+def _threshold_sigmas(a: argparse.Namespace) -> float | None:
+    if a.threshold == "auto":
+        return 3.0 if a.zoning == "post-decision" else None
+    return None if a.threshold == "erho" else float(a.threshold)
 
 
 def _base(a: argparse.Namespace) -> Setting:
     return Setting(w=a.w, horizon=a.H, n_zones=a.M, lam=a.lam, rho=a.rho, n_traj=a.n,
-                   model=a.model, demand=a.demand)
+                   model=a.model, demand=a.demand, zoning=a.zoning, behaviour=a.behaviour,
+                   reward_scale=a.reward_scale, threshold_sigmas=_threshold_sigmas(a),
+                   n_cells=a.n_cells)
+
+
+def _tag(a: argparse.Namespace) -> str:
+    """File-name suffix: empty for the defaults, else the non-default choices."""
+    parts = [] if a.zoning == "post-decision" else [a.zoning]
+    parts += [] if a.model == "lost_sales" else [a.model]
+    parts += [] if a.behaviour == "uniform" else [a.behaviour]
+    return "".join(f"_{p}" for p in parts)
 
 
 def _write(a: argparse.Namespace, name: str, rows: list[dict], x_of, xlabel: str,
@@ -78,22 +105,22 @@ def _write(a: argparse.Namespace, name: str, rows: list[dict], x_of, xlabel: str
 def _rho(a: argparse.Namespace) -> int:
     rows = run_grid(rho_study(_base(a), _floats(a.rhos), a.methods.split(",")), a.reps, a.seed,
                     not a.no_progress)
-    return _write(a, f"rho_{a.demand}", rows, lambda r: (r["method"], r["setting"]["rho"]),
+    return _write(a, f"rho_{a.demand}{_tag(a)}", rows, lambda r: (r["method"], r["setting"]["rho"]),
                   "rho (zCDP)", log_x=True)
 
 
 def _sweep(a: argparse.Namespace) -> int:
     rows = run_grid(sweep_study(_base(a), a.param, _floats(a.values)), a.reps, a.seed,
                     not a.no_progress)
-    return _write(a, f"sweep_{a.param}", rows,
+    return _write(a, f"sweep_{a.param}{_tag(a)}", rows,
                   lambda r: ("pool", float(r["label"].split("=")[1])), a.param)
 
 
 def _grid(a: argparse.Namespace) -> int:
     rows = run_grid(grid_study(_base(a), [int(m) for m in _floats(a.Ms)]), a.reps, a.seed,
                     not a.no_progress)
-    return _write(a, f"grid_wd{2 * a.w}", rows,
-                  lambda r: (r["setting"]["discretization"], r["setting"]["n_zones"]),
+    return _write(a, f"grid_wd{2 * a.w}{_tag(a)}", rows,
+                  lambda r: (r["setting"]["zoning"], r["setting"]["n_zones"]),
                   "M (zones or grid cells)")
 
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedqhd.pool.zones import GridZones, NormZones, StateCells
+from fedqhd.pool.zones import GridZones, NormZones, PostDecisionZones, StateCells
 from fedqhd.privacy import NoiseSource, PrivacyLedger, release_counts
 
-Zoning = NormZones | GridZones
+Zoning = NormZones | GridZones | PostDecisionZones
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from fedqhd.envs.inventory import (
     optimal_policy,
     relative_gap,
 )
-from fedqhd.pool.api import make_zoning
+from fedqhd.pool.api import ZONINGS, make_zoning
 from fedqhd.pool.baselines import fit_method
 
 
@@ -38,20 +38,29 @@ class Setting:
     n_cells: int = 20
     model: str = "lost_sales"
     demand: str = "uniform"
-    discretization: str = "zones"
+    zoning: str = "post-decision"
+    behaviour: str = "uniform"
+    reward_scale: str = "common"
+    threshold_sigmas: float | None = 3.0
     eval_episodes: int = 4000
+
+
+#: the paper's learner: norm zones, norm next-state cells, the paper's E_rho threshold
+PAPER: dict[str, Any] = {"zoning": "norm", "threshold_sigmas": None}
 
 
 def run_once(s: Setting, method: str, rep: int, seed: int) -> dict:
     """Fit ``method`` once and score it; returns gap, costs and fit time."""
     model = make_inventory_model(s.w, s.horizon, s.model, s.demand, random_state=seed + rep)
-    data = generate_dataset(model, s.n_traj, random_state=seed + 1000 + rep)
+    data = generate_dataset(model, s.n_traj, random_state=seed + 1000 + rep,
+                            behaviour=s.behaviour)
     zones, cells = make_zoning(s.w, s.w, s.horizon, s.n_zones, s.lam, n_cells=s.n_cells,
-                               discretization=s.discretization)
+                               zoning=s.zoning, model=model)
     ref, _ = optimal_policy(model)
     c_star = model.rollout_cost(ref, s.eval_episodes, seed + 2000 + rep)
     t0 = time.perf_counter()
-    learner = fit_method(method, model, data, zones, cells, s.rho, random_state=seed + rep)
+    learner = fit_method(method, model, data, zones, cells, s.rho, random_state=seed + rep,
+                         reward_scale=s.reward_scale, threshold_sigmas=s.threshold_sigmas)
     fit_s = time.perf_counter() - t0
     cost = model.rollout_cost(learner.act, s.eval_episodes, seed + 2000 + rep)
     return {"gap": relative_gap(cost, c_star), "cost": cost, "c_star": c_star, "fit_s": fit_s,
@@ -96,6 +105,12 @@ def sweep_study(base: Setting, param: str, values: list[float]) -> list:
     return out
 
 
-def grid_study(base: Setting, ms: list[int]) -> list:
-    return [(f"{d} M={m}", replace(base, n_zones=m, discretization=d), "pool")
-            for m in ms for d in ("zones", "grid")]
+def grid_study(base: Setting, ms: list[int], zonings: tuple[str, ...] = ZONINGS) -> list:
+    out = []
+    for m in ms:
+        for z in zonings:
+            # norm zones and the grid are the paper's: its E_rho threshold
+            extra: dict[str, Any] = {} if z == "post-decision" else PAPER
+            out.append((f"{z} M={m}", replace(base, n_zones=m, **(extra | {"zoning": z})),
+                        "pool"))
+    return out

@@ -41,9 +41,9 @@ from fedqhd.envs.inventory import (
     relative_gap,
 )
 from fedqhd.pool.api import client_release, make_pool_learner, make_zoning
-from fedqhd.pool.counts import NoisyCounts, count_visits, exact_counts
+from fedqhd.pool.counts import NoisyCounts, Zoning, count_visits, exact_counts
 from fedqhd.pool.learner import PoolLearner
-from fedqhd.pool.zones import GridZones, NormZones, StateCells
+from fedqhd.pool.zones import StateCells
 from fedqhd.privacy import NOISE_KINDS, PrivacyLedger, make_noise_source
 from fedqhd.seeding import (
     pool_anchor_rng,
@@ -67,7 +67,7 @@ def inventory_model(cfg: RunConfig) -> InventoryModel:
                                 cfg.pool_demand, random_state=cfg.seed)
 
 
-def zoning(cfg: RunConfig) -> tuple[NormZones | GridZones, StateCells]:
+def zoning(cfg: RunConfig) -> tuple[Zoning, StateCells]:
     """POOL's zones and next-state cells: public, identical on every node."""
     w = cfg.pool_products
     return make_zoning(w, w, cfg.pool_horizon, cfg.pool_zones, cfg.pool_lambda,
@@ -134,7 +134,8 @@ def ledger_metrics(counts: NoisyCounts, ledger: PrivacyLedger, pid: int, cfg: Ru
     if counts.private:
         out.update({C.RHO_SPENT: ledger.rho_spent, C.RHO_BUDGET: ledger.budget_rho,
                     C.DELTA: ledger.delta, C.EPSILON_CKS: ledger.epsilon_cks(),
-                    C.EPSILON_EXACT: ledger.epsilon_exact(), C.NOISE_SIGMA: counts.sigma,
+                    C.EPSILON_EXACT: ledger.epsilon_exact(), C.EPSILON: ledger.epsilon(),
+                    C.NOISE_SIGMA: counts.sigma,
                     C.NOISE_SECURE: int(all(e.get("secure", False) for e in ledger.entries))})
     return out
 

@@ -6,7 +6,11 @@ Backward over h = H..1, from a :class:`~fedqhd.pool.counts.NoisyCounts`:
 2. private kernel ``P(c | m) = x / sum x`` if ``sum x > E_rho`` else uniform;
 3. at each base point b_j of each zone,
    ``Qtilde = sum_c P(c|m) (r_h(b_j, s'_c) + V_{h+1}(s'_c))`` with the known
-   reward scaled to [0, 1] and ``s'_c`` the cell representatives;
+   reward scaled to [0, 1] and ``s'_c`` the cell representatives. The scale is
+   one affine map for all stages (``reward_scale="common"``, the default), which
+   leaves the optimal policy unchanged; ``"stage"`` (each stage by its own range,
+   the earlier behaviour) maximises a stage-reweighted objective and is kept
+   only to reproduce old numbers;
 4. ``Qbar = min(Qtilde - Gamma, H - h + 1)^+`` with
    ``Gamma = c1 sqrt(Var_P(V_{h+1}) iota / (n - E)) + c2 S H E iota / n`` if
    ``n > E``, else ``Gamma = c_fallback * H`` (the zone is unknown);
@@ -58,6 +62,10 @@ class PoolLearner:
         The known reward (paper's assumption), e.g. ``InventoryModel.known_reward``.
     reward_bounds : callable h -> (lo, hi)
         Range of ``reward_fn`` at stage h, used to scale rewards to [0, 1].
+    reward_scale : {"common", "stage"}
+        ``"common"``: one range ``[min_h lo_h, max_h hi_h]`` for every stage (keeps
+        the objective); ``"stage"``: each stage by its own range (biased; old
+        behaviour).
     action_dim : int
     c1, c2, c_fallback : float
         Pessimism constants of Gamma (see module docstring).
@@ -65,6 +73,15 @@ class PoolLearner:
         Failure probability in E_rho and iota.
     threshold : float or None
         Override of E_rho (None: the paper's formula; 0: no threshold).
+    threshold_sigmas : float or None
+        If set (and ``threshold`` is None), the threshold is this many noise
+        standard deviations of the release, ``k * sigma`` (data-independent,
+        so still post-processing); E_rho's union bound over every zone is far
+        larger at realistic sizes (53 vs 11 at H = 7, rho = 1, k = 3).
+    slack : float or None
+        Slack of the consistency projection, ``|sum_s' x - n'(s, a)| <= slack / 2``
+        (None: the threshold, as in the paper). A small slack removes more of the
+        noise mass that clipping at zero adds to empty next-state cells.
     actions : ndarray (K, d) or None
         Candidate actions for ``max_a``; default :func:`candidate_actions`.
     random_state : int or None
@@ -84,13 +101,20 @@ class PoolLearner:
     def __init__(self, reward_fn: RewardFn, reward_bounds: Callable[[int], tuple[float, float]],
                  action_dim: int, c1: float = 0.05, c2: float = 0.0, c_fallback: float = 1.0,
                  delta: float = 1e-5, threshold: float | None = None,
-                 actions: np.ndarray | None = None, random_state: int | None = 0) -> None:
+                 actions: np.ndarray | None = None, random_state: int | None = 0,
+                 reward_scale: str = "common", slack: float | None = None,
+                 threshold_sigmas: float | None = None) -> None:
+        if reward_scale not in ("common", "stage"):
+            raise ValueError(f"reward_scale must be 'common' or 'stage', got {reward_scale!r}")
         self.reward_fn = reward_fn
         self.reward_bounds = reward_bounds
+        self.reward_scale = reward_scale
         self.action_dim = action_dim
         self.c1, self.c2, self.c_fallback = c1, c2, c_fallback
         self.delta = delta
         self.threshold = threshold
+        self.slack = slack
+        self.threshold_sigmas = threshold_sigmas
         self.actions = actions
         self.random_state = random_state
 
@@ -103,8 +127,13 @@ class PoolLearner:
         self.zones_, self.cells_ = counts.zones, counts.cells
         w = self.cells_.w
         n_dims = w + self.action_dim
-        self.e_rho_ = (self.threshold if self.threshold is not None
-                       else e_rho(H, Z, n_dims, w, counts.rho, self.delta))
+        if self.threshold is not None:
+            self.e_rho_ = float(self.threshold)
+        elif self.threshold_sigmas is not None:
+            self.e_rho_ = float(self.threshold_sigmas * counts.sigma)
+        else:
+            self.e_rho_ = e_rho(H, Z, n_dims, w, counts.rho, self.delta)
+        self.slack_ = self.e_rho_ if self.slack is None else self.slack
         self.actions_ = (self.actions if self.actions is not None
                          else candidate_actions(self.action_dim, random_state=self.random_state))
         iota = math.log(H * C * Z / self.delta)
@@ -113,14 +142,19 @@ class PoolLearner:
         self.coef_: list = [None] * H
         self.qbar_: list = [None] * H
         self.v_cells_ = np.zeros((H + 1, C))
+        bounds = [self.reward_bounds(h) for h in range(H)]
+        if self.reward_scale == "common":
+            common = (min(b[0] for b in bounds), max(b[1] for b in bounds))
+            bounds = [common] * H
+        self.reward_range_ = bounds
         for h in reversed(range(H)):
-            x = project_counts(counts.n_sas[h], counts.n_sa[h], self.e_rho_)
+            x = project_counts(counts.n_sas[h], counts.n_sa[h], self.slack_)
             n_t = x.sum(-1)
             known = n_t > self.e_rho_
             p = np.where(known[:, None], x / np.where(n_t > 0, n_t, 1.0)[:, None], 1.0 / C)
             v_next = self.v_cells_[h + 1]
             pts = self.zones_.base_points(h)  # (Z, P, n)
-            lo, hi = self.reward_bounds(h)
+            lo, hi = bounds[h]
             r = (self.reward_fn(h, pts[:, :, None, :], reps[None, None]) - lo) / (hi - lo)
             r = np.broadcast_to(r, pts.shape[:2] + (C,))
             q_t = np.einsum("zc,zpc->zp", p, np.clip(r, 0, 1)) + (p @ v_next)[:, None]

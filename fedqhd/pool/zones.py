@@ -1,6 +1,7 @@
-"""Discretisations of the observable region: norm zones (POOL) and an axis grid.
+"""Discretisations of the observable region: norm zones (POOL), post-decision
+zones, and an axis grid.
 
-Both map a point ``b = (s, a)`` at stage h to a zone, give the base points of
+All map a point ``b = (s, a)`` at stage h to a zone, give the base points of
 each zone at which Q is estimated, and interpolate Q between them.
 
 Zone span (a deliberate change from the paper). The paper puts ``b`` in zone m
@@ -17,6 +18,8 @@ the observable region take the value at the nearest boundary point
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -154,21 +157,120 @@ class GridZones(_Region):
         return coef["value"][self._cell(h, self.to_boundary(h, b))]
 
 
-class StateCells:
-    """Next-state cells: C l2-norm shells of ``[0, 1]^w``, represented on the diagonal.
+def _nodes_per_axis(n_points: int, dims: int) -> int:
+    """Nodes per axis of a grid with about ``n_points`` nodes in ``dims`` dimensions (>= 2)."""
+    return max(2, int(np.floor(n_points ** (1.0 / dims) + 0.5)))
 
-    Transition counts ``n(s, a, s')`` are kept per (zone, cell); the value of a
-    cell is V at its representative state ``(r / sqrt(w)) * 1`` with r the
-    shell's mid radius.
+
+def _node_index(u: np.ndarray, k: int) -> np.ndarray:
+    """Nearest node of the grid ``linspace(0, 1, k)`` per coordinate."""
+    return np.clip(np.rint(np.clip(u, 0.0, 1.0) * (k - 1)), 0, k - 1).astype(np.int64)
+
+
+def _grid_nodes(k: int, dims: int) -> np.ndarray:
+    """(k^dims, dims) nodes of ``linspace(0, 1, k)^dims``; node i has digits i in base k."""
+    mult = k ** np.arange(dims)
+    return ((np.arange(k**dims)[:, None] // mult[None, :]) % k) / (k - 1)
+
+
+class PostDecisionZones(_Region):
+    """Zones over a post-decision state ``u = post(b)`` in ``[0, 1]^p``.
+
+    In inventory control ``u`` is the (scaled) order-up-to level ``y = s + a``:
+    costs, rewards and transitions depend on ``(s, a)`` only through it, so
+    pairs that merge here are equivalent, unlike norm shells, which merge
+    ``(s, a)`` of equal norm but different ``y``. The zones are the cells of the
+    nearest-node partition of the grid ``linspace(0, 1, k)^p``,
+    ``k = max(2, round(M^(1/p)))`` (so ``n_zones = k^p``, about M). Each point
+    falls in exactly one zone, so the counts have POOL's sensitivity unchanged
+    (one count per stage per family per trajectory). Q is estimated at the
+    nodes and interpolated multilinearly between them.
+
+    Parameters
+    ----------
+    n_zones : int
+        Target number of zones M.
+    lam : ndarray (H, w+d)
+        Observable boundary in ``b`` (one-sided feedback is unchanged).
+    post : callable b (..., w+d) -> u (..., p)
+        The post-decision map (e.g. ``InventoryModel.post_decision``).
+    point : callable u (..., p) -> b (..., w+d)
+        A state-action point with ``post(point(u)) = u`` (for the known reward
+        at a node, e.g. ``InventoryModel.decision_point``).
+    post_dim : int
+        p.
     """
 
-    def __init__(self, n_cells: int, w: int) -> None:
-        self.n_cells, self.w = int(n_cells), int(w)
+    kind = "post-decision"
+
+    def __init__(self, n_zones: int, lam: np.ndarray, post: Callable[[np.ndarray], np.ndarray],
+                 point: Callable[[np.ndarray], np.ndarray], post_dim: int,
+                 feedback: str = "lower") -> None:
+        super().__init__(lam, feedback)
+        self.post, self.point, self.post_dim = post, point, int(post_dim)
+        self.nodes = _nodes_per_axis(n_zones, self.post_dim)
+        self.n_zones = self.nodes**self.post_dim
+        self._mult = self.nodes ** np.arange(self.post_dim)
+        corners = (np.arange(2**self.post_dim)[:, None] >> np.arange(self.post_dim)) & 1
+        self._corners = corners.astype(np.int64)  # (2^p, p)
+
+    def zone_of(self, h: int, b: np.ndarray) -> np.ndarray:
+        z = _node_index(self.post(b), self.nodes) @ self._mult
+        return np.where(self.observable(h, b), z, -1)
+
+    def base_points(self, h: int) -> np.ndarray:
+        return self.point(_grid_nodes(self.nodes, self.post_dim))[:, None, :]  # (Z, 1, n)
+
+    def interpolator(self, h: int, qbar: np.ndarray) -> dict[str, np.ndarray]:
+        return {"value": qbar[:, 0]}
+
+    def weights(self, h: int, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Multilinear weights: (zone ids (..., 2^p), weights (..., 2^p)) of points b."""
+        bl = self.to_boundary(h, np.asarray(b, dtype=float))
+        u = np.clip(self.post(1.0 - bl if self.feedback == "higher" else bl), 0.0, 1.0)
+        x = u * (self.nodes - 1)
+        lo = np.minimum(np.floor(x), self.nodes - 2).astype(np.int64)
+        f = x - lo  # (..., p) in [0, 1]
+        idx = lo[..., None, :] + self._corners  # (..., 2^p, p)
+        wts = np.prod(np.where(self._corners == 1, f[..., None, :], 1.0 - f[..., None, :]), -1)
+        return idx @ self._mult, wts
+
+    def interpolate(self, h: int, coef: dict[str, np.ndarray], b: np.ndarray) -> np.ndarray:
+        ids, wts = self.weights(h, b)
+        return np.einsum("...k,...k->...", coef["value"][ids], wts)
+
+
+class StateCells:
+    """Next-state cells: C l2-norm shells of ``[0, 1]^w`` (``kind="norm"``, the paper's,
+    represented on the diagonal) or a node grid (``kind="grid"``).
+
+    Transition counts ``n(s, a, s')`` are kept per (zone, cell); the value of a
+    cell is V at its representative state. Norm shells: ``(r / sqrt(w)) * 1``
+    with r the shell's mid radius (states of equal norm but different stock mix
+    are merged). Grid: the nodes of ``linspace(0, 1, k)^w`` with
+    ``k = max(2, ceil(C^(1/w)))``; a state falls in the cell of its nearest node.
+    The nodes include the edges, where lost-sales stock piles up (s' = 0).
+    """
+
+    def __init__(self, n_cells: int, w: int, kind: str = "norm") -> None:
+        if kind not in ("norm", "grid"):
+            raise ValueError(f"cells kind must be 'norm' or 'grid', got {kind!r}")
+        self.kind, self.w = kind, int(w)
+        if kind == "grid":
+            self.nodes = max(2, int(np.ceil(n_cells ** (1.0 / w) - 1e-9)))
+            self.n_cells = self.nodes**self.w
+            self._mult = self.nodes ** np.arange(self.w)
+        else:
+            self.n_cells = int(n_cells)
 
     def cell_of(self, s: np.ndarray) -> np.ndarray:
+        if self.kind == "grid":
+            return _node_index(s, self.nodes) @ self._mult
         z = np.floor(np.linalg.norm(s, axis=-1) / np.sqrt(self.w) * self.n_cells)
         return np.clip(z, 0, self.n_cells - 1).astype(np.int64)
 
     def representatives(self) -> np.ndarray:
+        if self.kind == "grid":
+            return _grid_nodes(self.nodes, self.w)
         r = (np.arange(self.n_cells) + 0.5) / self.n_cells
         return np.repeat(r[:, None], self.w, axis=1)

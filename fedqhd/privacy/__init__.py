@@ -10,7 +10,13 @@
   refusal of releases beyond the budget, JSON round trip.
 """
 
-from fedqhd.privacy.ledger import BudgetExceededError, PrivacyLedger, epsilon_cks, epsilon_exact
+from fedqhd.privacy.ledger import (
+    BudgetExceededError,
+    PrivacyLedger,
+    epsilon_cks,
+    epsilon_exact,
+    epsilon_opendp,
+)
 from fedqhd.privacy.mechanisms import (
     CountRelease,
     GaussianMechanism,
@@ -36,6 +42,7 @@ __all__ = [
     "PrivacyLedger",
     "epsilon_cks",
     "epsilon_exact",
+    "epsilon_opendp",
     "gaussian_sigma",
     "make_noise_source",
     "release_counts",

@@ -44,6 +44,7 @@ RHO_BUDGET = "rho-budget"        #: reply: the client's rho budget
 DELTA = "delta"                  #: reply: delta at which epsilon is reported
 EPSILON_CKS = "epsilon-cks"      #: reply: epsilon(delta) by the CKS zCDP conversion
 EPSILON_EXACT = "epsilon-exact"  #: reply: epsilon(delta) of the exact (analytic) Gaussian
+EPSILON = "epsilon"              #: reply: epsilon(delta) by the conversion valid for its noise
 NOISE_SECURE = "noise-secure"    #: reply: 1 if the noise sampler is fit for real data
 NOISE_SIGMA = "noise-sigma"      #: reply: Gaussian noise scale of every released count
 REPLIES_REFUSED_NON_PRIVATE = "replies-refused-non-private"  #: round: non-private replies left out
@@ -54,7 +55,8 @@ GAP_OWN = "gap-own-percent"      #: evaluate reply: gap of the client's own POOL
 GAP_INFORMED = "gap-informed-percent"  #: evaluate reply: gap of its teacher-informed policy
 
 #: the reply metrics that make up a client's privacy-ledger report
-LEDGER_KEYS = (PRIVATE, RHO_SPENT, RHO_BUDGET, DELTA, EPSILON_CKS, EPSILON_EXACT, NOISE_SIGMA,
+LEDGER_KEYS = (PRIVATE, RHO_SPENT, RHO_BUDGET, DELTA, EPSILON_CKS, EPSILON_EXACT, EPSILON,
+               NOISE_SIGMA,
                NOISE_SECURE, NUM_TRANSITIONS)
 
 

@@ -101,7 +101,7 @@ class PrivacyScreen(Strategy):
             entry: dict[str, Any] = {k: m[k] for k in C.LEDGER_KEYS if k in m}
             entry[C.PRIVATE] = bool(entry.get(C.PRIVATE, 0))
             if not entry[C.PRIVATE]:  # exact counts: no finite epsilon exists
-                entry.update({C.EPSILON_CKS: None, C.EPSILON_EXACT: None})
+                entry.update({C.EPSILON_CKS: None, C.EPSILON_EXACT: None, C.EPSILON: None})
             self.ledgers[pid] = {"node-id": node, "round": server_round, **entry}
         return record, metrics
 
