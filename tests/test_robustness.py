@@ -38,8 +38,9 @@ def _raw_reply(node: int, array: Array | None, metrics: dict | None = None,
 
 
 def _reply(node: int, readout: np.ndarray, n: float = 10, **metrics) -> Message:
+    named = {k.replace("_", "-"): v for k, v in metrics.items()}
     return _raw_reply(node, Array(np.ascontiguousarray(readout)),
-                      {C.NUM_TRANSITIONS: n, **{k.replace("_", "-"): v for k, v in metrics.items()}})
+                      {C.NUM_TRANSITIONS: n, **named})
 
 
 def _npy(array: np.ndarray, allow_pickle: bool = False) -> bytes:
