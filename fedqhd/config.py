@@ -24,6 +24,7 @@ from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
 from fedqhd.learners import get_learner, learner_names
 from fedqhd.privacy.noise import NOISE_KINDS
 from fedqhd.strategies.base import WEIGHTINGS
+from fedqhd.strategies.screening import AGGREGATIONS
 
 #: the function-space strategy: auto (avg for a shared encoder, else anchor), avg, anchor
 STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor")
@@ -119,7 +120,32 @@ class RunConfig:
         lambda v: None if v else "a folder path", "results go to <output-dir>/<date>/<time>/"))
     round_timeout: float = field(default=600.0, metadata=_key(
         _float_range(0.0, 1e6, lo_open=True),
-        "seconds to wait for a round's replies; late or lost ones count as missing"))
+        "seconds to wait for a round's replies; late or lost ones count as timed out"))
+    # ---- safeguards against faulty or malicious clients ----
+    aggregation: str = field(default="mean", metadata=_key(
+        _choice(AGGREGATIONS), "how replies (readouts, anchor Q-values, evaluation metrics) "
+        "are combined: weighted mean, coordinate-wise median, trimmed mean, norm-clipped mean"))
+    trim_fraction: float = field(default=0.1, metadata=_key(
+        _float_range(0.0, 0.5, hi_open=True),
+        "trimmed-mean: drop ceil(trim-fraction * n) lowest and highest values per coordinate"))
+    clip_factor: float = field(default=1.0, metadata=_key(
+        _float_range(0.0, 1e12, lo_open=True),
+        "clipped-mean: scale replies down to this multiple of the median reply norm"))
+    norm_bound_factor: float = field(default=10.0, metadata=_key(
+        _float_range(0.0, 1e12), "refuse replies whose norm is above this multiple of the "
+        "round's median reply norm (0: off)"))
+    weight_cap_factor: float = field(default=3.0, metadata=_key(
+        _float_range(0.0, 1e12), "cap a client's weight at this multiple of the round's "
+        "median claimed num-transitions (0: off)"))
+    stale_rounds: int = field(default=10, metadata=_key(
+        _int_range(0, 1_000_000), "a client's identity binding and stored reply (aggregate "
+        "latest) expire after this many rounds without an accepted reply (0: never)"))
+    min_success_fraction: float = field(default=0.5, metadata=_key(
+        _float_range(0.0, 1.0), "the run fails if fewer than this fraction of the sampled "
+        "train replies is accepted (and always if no round aggregated anything)"))
+    node_wait_timeout: float = field(default=300.0, metadata=_key(
+        _float_range(0.0, 1e6), "seconds to wait for min-nodes nodes before a round; then "
+        "the run fails"))
     protocol: str = field(default="offline", metadata=_key(
         _choice(PROTOCOLS), "offline: fixed private shards; online: clients collect "
         "episodes-per-round episodes with their current policy every round (fqi)"))

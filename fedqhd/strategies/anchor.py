@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from logging import INFO
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
@@ -11,7 +12,6 @@ from flwr.common.logger import log
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
-from .screening import screen_replies
 
 
 class FedQHDAnchor(FunctionSpaceStrategy):
@@ -33,6 +33,10 @@ class FedQHDAnchor(FunctionSpaceStrategy):
     n_actions : int
         Keyword alias of ``n_values`` for Q-functions.
     weighting : {"transitions", "uniform"}
+    **safeguards
+        ``aggregation``, ``trim_fraction``, ``clip_factor``, ``norm_bound_factor``,
+        ``weight_cap_factor``, ``stale_rounds``, ``node_wait_timeout``: see
+        :class:`~fedqhd.strategies.base.FunctionSpaceStrategy`.
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
     min_available_nodes
         As in Flower's ``FedAvg``.
@@ -49,9 +53,9 @@ class FedQHDAnchor(FunctionSpaceStrategy):
                  weighting: str = "transitions", fraction_train: float = 1.0,
                  fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
                  min_evaluate_nodes: int = 2, min_available_nodes: int = 2, *,
-                 n_actions: int | None = None) -> None:
+                 n_actions: int | None = None, **safeguards: Any) -> None:
         super().__init__(weighting, fraction_train, fraction_evaluate, min_train_nodes,
-                         min_evaluate_nodes, min_available_nodes)
+                         min_evaluate_nodes, min_available_nodes, **safeguards)
         anchors = np.asarray(anchors, dtype=np.float64)
         if anchors.ndim != 2 or len(anchors) == 0 or not np.all(np.isfinite(anchors)):
             raise ValueError("anchors must be a non-empty finite 2-D array (m, obs_dim), "
@@ -75,20 +79,19 @@ class FedQHDAnchor(FunctionSpaceStrategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        replies = list(replies)
-        screened = screen_replies(replies, C.Q_ANCHORS, (len(self.anchors), self.n_values),
-                                  self.weighting == "uniform",
-                                  f"FedQHDAnchor round {server_round}")
-        for msg in replies:
-            if not msg.has_error() and C.METRICS in msg.content:
-                residual = msg.content[C.METRICS].get(C.PROJECTION_RESIDUAL)
-                if residual is not None:
-                    log(INFO, "FedQHDAnchor round %d: node %s projection residual %.4g",
-                        server_round, msg.metadata.src_node_id, residual)
+        screened = self._screen("train", server_round, replies, C.Q_ANCHORS,
+                                (len(self.anchors), self.n_values))
+        self._bind_identities(screened, server_round)
+        for node, metrics in zip(screened.nodes, screened.metrics, strict=True):
+            residual = metrics.get(C.PROJECTION_RESIDUAL)
+            if residual is not None:
+                log(INFO, "FedQHDAnchor round %d: node %s projection residual %.4g",
+                    server_round, node, residual)
         self.last_train_metrics = screened.round_metrics()
+        self.last_train_metrics[C.CLIENTS_AVERAGED] = len(screened.arrays)
         self.last_client_metrics = screened.per_node_metrics()
         if not screened.arrays:
             return None, self.last_train_metrics
-        teacher = screened.weighted_mean()
+        teacher = screened.combine()
         record = C.to_array_record({C.ANCHORS: self.anchors, C.TEACHER: teacher})
         return record, self.last_train_metrics

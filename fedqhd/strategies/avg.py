@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from logging import INFO
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -12,7 +13,7 @@ from flwr.serverapp import Grid
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
-from .screening import screen_replies, weighted_mean
+from .identity import ClientKey
 
 AGGREGATES = ("sampled", "latest")
 
@@ -49,6 +50,15 @@ class FedQHDAvg(FunctionSpaceStrategy):
         Fractions of connected nodes sampled for training / federated evaluation.
     min_train_nodes, min_evaluate_nodes, min_available_nodes : int
         As in Flower's ``FedAvg``.
+    **safeguards
+        ``aggregation``, ``trim_fraction``, ``clip_factor``, ``norm_bound_factor``,
+        ``weight_cap_factor``, ``stale_rounds``, ``node_wait_timeout``: see
+        :class:`~fedqhd.strategies.base.FunctionSpaceStrategy`. With
+        ``aggregate="latest"`` a client's partition id is bound to the node that first
+        sent it; a second node claiming it, or a node switching ids, is refused
+        (``replies-identity-refused``), and a client's stored reply ages out after
+        ``stale_rounds`` rounds without an accepted reply. ``clients-averaged`` says
+        how many clients the aggregate holds.
 
     Notes
     -----
@@ -63,15 +73,15 @@ class FedQHDAvg(FunctionSpaceStrategy):
                  fraction_evaluate: float = 0.0, min_train_nodes: int = 2,
                  min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
                  aggregate: str = "sampled",
-                 readout_shape: tuple[int, ...] | None = None) -> None:
+                 readout_shape: tuple[int, ...] | None = None, **safeguards: Any) -> None:
         if aggregate not in AGGREGATES:
             raise ValueError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
         super().__init__(weighting, fraction_train, fraction_evaluate, min_train_nodes,
-                         min_evaluate_nodes, min_available_nodes)
+                         min_evaluate_nodes, min_available_nodes, **safeguards)
         self.aggregate = aggregate
         self.readout_shape = None if readout_shape is None else tuple(readout_shape)
-        #: client -> (readout, weight) of its latest accepted reply (aggregate="latest")
-        self._latest: dict[tuple[str, int], tuple[np.ndarray, float]] = {}
+        #: client key -> (readout, weight) of its latest accepted reply (aggregate="latest")
+        self._latest: dict[ClientKey, tuple[np.ndarray, float]] = {}
 
     def summary(self) -> None:
         super().summary()
@@ -89,25 +99,26 @@ class FedQHDAvg(FunctionSpaceStrategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        screened = screen_replies(replies, C.READOUT, self.readout_shape,
-                                  self.weighting == "uniform", f"FedQHDAvg round {server_round}")
-        self.last_train_metrics = screened.round_metrics()
+        screened = self._screen("train", server_round, replies, C.READOUT, self.readout_shape)
+        keys = self._bind_identities(screened, server_round)
+        if self.aggregate == "latest":
+            # a client is its partition id where it sends one (a restarted SuperNode may
+            # come back under a new node id), else its node id; bound to its node
+            for key, array, weight in zip(keys, screened.arrays, screened.weights,
+                                          strict=True):
+                self._latest[key] = (array, weight)
+            for key in [k for k in self._latest if k not in self.identities.owner]:
+                del self._latest[key]  # silent for stale_rounds rounds: aged out
+        metrics = screened.round_metrics()
         self.last_client_metrics = screened.per_node_metrics()
         if not screened.arrays:
-            return None, self.last_train_metrics
+            metrics[C.CLIENTS_AVERAGED] = 0
+            self.last_train_metrics = metrics
+            return None, metrics
         if self.aggregate == "sampled":
-            mean = screened.weighted_mean()
+            arrays, weights = screened.arrays, screened.weights
         else:
-            for node, array, weight, metrics in zip(screened.nodes, screened.arrays,
-                                                    screened.weights, screened.metrics,
-                                                    strict=True):
-                # a client is its partition id where it sends one (a restarted SuperNode
-                # may come back under a new node id), else its node id
-                if C.PARTITION_ID in metrics:
-                    client = ("partition", int(metrics[C.PARTITION_ID]))
-                else:
-                    client = ("node", node)
-                self._latest[client] = (array, weight)
-            arrays, weights = zip(*self._latest.values(), strict=True)
-            mean = weighted_mean(arrays, weights)
-        return C.to_array_record({C.READOUT: mean}), self.last_train_metrics
+            arrays, weights = (list(t) for t in zip(*self._latest.values(), strict=True))
+        metrics[C.CLIENTS_AVERAGED] = len(arrays)
+        self.last_train_metrics = metrics
+        return C.to_array_record({C.READOUT: self.safeguards.combine(arrays, weights)}), metrics

@@ -1,23 +1,51 @@
-"""What the fedqhd strategies share: sampling and messaging from Flower's FedAvg,
-reply screening, weighting, and metric-only evaluation."""
+"""What the fedqhd strategies share: sampling and messaging from Flower's FedAvg (with
+a bounded wait for nodes), reply screening and safeguards, client identities,
+weighting, reply accounting and metric-only evaluation."""
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Iterable
-from logging import INFO
+from logging import INFO, WARNING
 
-from flwr.app import Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from . import contract as C
-from .screening import screen_replies
+from .identity import IdentityRegistry, client_key
+from .screening import Safeguards, ScreenedReplies, describe, screen_replies
 
 WEIGHTINGS = ("transitions", "uniform")
 
 
+class NodeWaitTimeout(RuntimeError):
+    """Fewer nodes than the strategy needs connected within ``node_wait_timeout``."""
+
+
 class FunctionSpaceStrategy(FedAvg):
-    """Base of :class:`FedQHDAvg` and :class:`FedQHDAnchor` (not used directly)."""
+    """Base of :class:`FedQHDAvg` and :class:`FedQHDAnchor` (not used directly).
+
+    Parameters
+    ----------
+    weighting : {"transitions", "uniform"}
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
+    min_available_nodes
+        As in Flower's ``FedAvg``.
+    aggregation, trim_fraction, clip_factor, norm_bound_factor, weight_cap_factor
+        The screening safeguards and aggregation rule, see
+        :class:`~fedqhd.strategies.screening.Safeguards` (defaults: weighted mean, norm
+        bound 10 x the round's median reply norm, weight cap 3 x the median claim).
+    stale_rounds : int
+        A client's identity binding (and, in ``FedQHDAvg(aggregate="latest")``, its
+        stored reply) expires after this many rounds without an accepted reply;
+        0: never.
+    node_wait_timeout : float
+        Seconds to wait for ``min_available_nodes`` before a round (Flower's ``FedAvg``
+        waits forever); then :class:`NodeWaitTimeout` is raised.
+    """
 
     def __init__(
         self,
@@ -27,9 +55,21 @@ class FunctionSpaceStrategy(FedAvg):
         min_train_nodes: int = 2,
         min_evaluate_nodes: int = 2,
         min_available_nodes: int = 2,
+        *,
+        aggregation: str = "mean",
+        trim_fraction: float = 0.1,
+        clip_factor: float = 1.0,
+        norm_bound_factor: float = 10.0,
+        weight_cap_factor: float = 3.0,
+        stale_rounds: int = 10,
+        node_wait_timeout: float = 300.0,
     ) -> None:
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+        if stale_rounds < 0:
+            raise ValueError(f"stale_rounds must be >= 0 (0: never), got {stale_rounds}")
+        if not node_wait_timeout >= 0:
+            raise ValueError(f"node_wait_timeout must be >= 0, got {node_wait_timeout}")
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
@@ -41,22 +81,124 @@ class FunctionSpaceStrategy(FedAvg):
             configrecord_key=C.CONFIG,
         )
         self.weighting = weighting
+        self.safeguards = Safeguards(aggregation, trim_fraction, clip_factor,
+                                     norm_bound_factor, weight_cap_factor)
+        self.node_wait_timeout = float(node_wait_timeout)
+        self.identities = IdentityRegistry(stale_rounds)
         #: the latest aggregated train / evaluate metrics, for per-round reporting
         self.last_train_metrics: MetricRecord | None = None
         self.last_evaluate_metrics: MetricRecord | None = None
         #: the latest accepted train replies' own metrics, by node id (per-client reports)
         self.last_client_metrics: dict[int, dict[str, float]] = {}
+        #: messages sent by the last configure_train / configure_evaluate (None: unknown)
+        self._sampled: dict[str, int | None] = {"train": None, "evaluate": None}
+
+    @property
+    def aggregation(self) -> str:
+        return self.safeguards.aggregation
 
     def summary(self) -> None:
         super().summary()
+        g = self.safeguards
         log(INFO, "\t└──> Weighting of client replies: %s", self.weighting)
+        log(INFO, "\t└──> Aggregation: %s (trim %g, clip %g x median norm); norm bound %s; "
+            "weight cap %s; identities expire after %s silent rounds; node wait %gs",
+            g.aggregation, g.trim_fraction, g.clip_factor,
+            f"{g.norm_bound_factor:g} x median norm" if g.norm_bound_factor else "off",
+            f"{g.weight_cap_factor:g} x median claim" if g.weight_cap_factor else "off",
+            self.identities.stale_rounds or "never", self.node_wait_timeout)
+
+    # ------------------------------------------------------------ sampling and messages
+    def _sample(self, grid: Grid, fraction: float, min_nodes: int) -> list[int]:
+        """Flower's ``FedAvg`` sampling (same calls to Python's ``random``), with the wait
+        for ``min_available_nodes`` bounded by ``node_wait_timeout``."""
+        num_nodes = int(len(list(grid.get_node_ids())) * fraction)
+        sample_size = max(num_nodes, min_nodes)
+        needed = max(self.min_available_nodes, sample_size)
+        deadline = time.monotonic() + self.node_wait_timeout
+        while len(all_nodes := list(grid.get_node_ids())) < needed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NodeWaitTimeout(
+                    f"{len(all_nodes)} node(s) connected, {needed} needed (min-nodes "
+                    f"{self.min_available_nodes}, sample {sample_size}); gave up after "
+                    f"{self.node_wait_timeout:g}s (node-wait-timeout)")
+            log(INFO, "Waiting for nodes to connect: %d connected (minimum required: %d), "
+                "%.0fs left.", len(all_nodes), needed, left)
+            time.sleep(min(1.0, left))
+        self.identities.set_connected(all_nodes)
+        return random.sample(all_nodes, sample_size)
+
+    def _messages(self, stage: str, server_round: int, arrays: ArrayRecord,
+                  config: ConfigRecord, grid: Grid, fraction: float, min_nodes: int,
+                  message_type: str) -> list[Message]:
+        self._sampled[stage] = 0
+        if fraction == 0.0:
+            return []
+        node_ids = self._sample(grid, fraction, min_nodes)
+        log(INFO, "configure_%s: Sampled %s nodes", stage, len(node_ids))
+        config["server-round"] = server_round
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+        messages = list(self._construct_messages(record, node_ids, message_type))
+        self._sampled[stage] = len(messages)
+        return messages
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self._messages("train", server_round, arrays, config, grid,
+                              self.fraction_train, self.min_train_nodes, MessageType.TRAIN)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self._messages("evaluate", server_round, arrays, config, grid,
+                              self.fraction_evaluate, self.min_evaluate_nodes,
+                              MessageType.EVALUATE)
+
+    # ------------------------------------------------------------------ screening
+    def _screen(self, stage: str, server_round: int, replies: Iterable[Message],
+                array_key: str | None, expected_shape: tuple[int, ...] | None
+                ) -> ScreenedReplies:
+        sampled, self._sampled[stage] = self._sampled[stage], None
+        label = f"{type(self).__name__} {stage} round {server_round}"
+        return screen_replies(replies, array_key, expected_shape, self.weighting == "uniform",
+                              label, self.safeguards, sampled)
+
+    def _bind_identities(self, screened: ScreenedReplies, server_round: int) -> list[tuple]:
+        """Refuse (and count) replies whose client key is forged or switched; returns the
+        accepted replies' client keys, in order; then expires silent bindings."""
+        keys = []
+        for i in reversed(range(len(screened.nodes))):
+            node, metrics = screened.nodes[i], screened.metrics[i]
+            key = client_key(node, metrics, C.PARTITION_ID)
+            reason = self.identities.claim(node, key, server_round)
+            if reason is not None:
+                log(WARNING, "%s train round %d: reply of %s refused: %s", type(self).__name__,
+                    server_round, describe(node, metrics), reason)
+                screened.drop(i)
+                screened.identity_refused += 1
+                continue
+            keys.append(key)
+        keys.reverse()
+        self.identities.expire(server_round)
+        return keys
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        """Weighted mean of the clients' evaluation metrics, with screening counts."""
-        screened = screen_replies(replies, None, None, self.weighting == "uniform",
-                                  f"{type(self).__name__} evaluate round {server_round}")
-        metrics = screened.round_metrics() if screened.metrics or screened.failed else None
-        self.last_evaluate_metrics = metrics
-        return metrics
+        """The clients' evaluation metrics aggregated by the strategy's rule; the reply
+        counts (and ``num-transitions``) are prefixed ``evaluate-`` so that a round's
+        row keeps the train counts too."""
+        replies = list(replies)
+        screened = self._screen("evaluate", server_round, replies, None, None)
+        if not replies and not screened.sampled:
+            self.last_evaluate_metrics = None
+            return None
+        metrics = screened.round_metrics()
+        out = MetricRecord({})
+        for key, value in metrics.items():
+            evaluate_key = key in C.REPLY_COUNTS or key == C.NUM_TRANSITIONS
+            out[f"{C.EVALUATE_PREFIX}{key}" if evaluate_key else key] = value
+        self.last_evaluate_metrics = out
+        return out

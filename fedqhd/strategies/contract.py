@@ -34,7 +34,19 @@ RETURN_MEAN = "return-mean"                  #: evaluate reply: mean greedy retu
 RETURN_STD = "return-std"                    #: evaluate reply: std of greedy return
 REPLIES_OK = "replies-ok"                    #: round metric: replies aggregated
 REPLIES_FAILED = "replies-failed"            #: round metric: replies carrying an error
-REPLIES_REJECTED = "replies-rejected"        #: round metric: malformed replies left out
+REPLIES_REJECTED = "replies-rejected"        #: round metric: replies refused by screening
+REPLIES_SAMPLED = "replies-sampled"          #: round metric: messages sent (nodes sampled)
+REPLIES_RECEIVED = "replies-received"        #: round metric: replies that came back in time
+REPLIES_TIMED_OUT = "replies-timed-out"      #: round metric: sampled - received (lost, late)
+REPLIES_NORM_REFUSED = "replies-norm-refused"  #: round metric: rejected for their norm
+REPLIES_WEIGHT_CAPPED = "replies-weight-capped"  #: round metric: kept with a capped weight
+REPLIES_IDENTITY_REFUSED = "replies-identity-refused"  #: round: forged or switched client ids
+CLIENTS_AVERAGED = "clients-averaged"        #: round metric: clients in the aggregate
+#: the reply counts of a round; evaluation reports them prefixed ``evaluate-``
+REPLY_COUNTS = (REPLIES_SAMPLED, REPLIES_RECEIVED, REPLIES_OK, REPLIES_FAILED, REPLIES_REJECTED,
+                REPLIES_TIMED_OUT, REPLIES_NORM_REFUSED, REPLIES_WEIGHT_CAPPED,
+                REPLIES_IDENTITY_REFUSED, CLIENTS_AVERAGED)
+EVALUATE_PREFIX = "evaluate-"
 
 # privacy metric keys (learner = "pool": every train reply carries its client's ledger)
 PARTITION_ID = "partition-id"    #: reply: the client's partition id (maps node ids to clients)

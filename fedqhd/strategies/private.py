@@ -24,8 +24,11 @@ from .base import FunctionSpaceStrategy
 
 def declares_private(msg: Message) -> bool:
     """Whether a reply's metrics say its values come from a noisy release."""
-    metrics = msg.content.get(C.METRICS) if not msg.has_error() else None
-    return isinstance(metrics, MetricRecord) and metrics.get(C.PRIVATE) == 1
+    try:
+        metrics = msg.content.get(C.METRICS) if not msg.has_error() else None
+        return isinstance(metrics, MetricRecord) and metrics.get(C.PRIVATE) == 1
+    except Exception:  # noqa: BLE001 - an unreadable reply declares nothing
+        return False
 
 
 class PrivacyScreen(Strategy):
@@ -89,12 +92,22 @@ class PrivacyScreen(Strategy):
                            grid: Grid) -> Iterable[Message]:
         return self.strategy.configure_evaluate(server_round, arrays, config, grid)
 
+    @staticmethod
+    def _count_refused(metrics: MetricRecord, refused: int, prefix: str = "") -> None:
+        """Refused replies were received: count them there, not as timed out."""
+        metrics[f"{prefix}{C.REPLIES_REFUSED_NON_PRIVATE}"] = refused
+        received, timed_out = f"{prefix}{C.REPLIES_RECEIVED}", f"{prefix}{C.REPLIES_TIMED_OUT}"
+        got, lost = metrics.get(received), metrics.get(timed_out)
+        if isinstance(got, int) and isinstance(lost, int):
+            metrics[received] = got + refused
+            metrics[timed_out] = max(lost - refused, 0)
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         kept, refused = self._screen(replies, f"train round {server_round}")
         record, metrics = self.strategy.aggregate_train(server_round, kept)
         metrics = metrics if metrics is not None else MetricRecord({})
-        metrics[C.REPLIES_REFUSED_NON_PRIVATE] = refused
+        self._count_refused(metrics, refused)
         self.strategy.last_train_metrics = metrics
         for node, m in self.strategy.last_client_metrics.items():
             pid = int(m.get(C.PARTITION_ID, -1))
@@ -107,16 +120,13 @@ class PrivacyScreen(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]
                            ) -> MetricRecord | None:
-        """Metrics of private replies only; counts prefixed ``evaluate-`` so that a round's
-        row keeps the train counts too."""
+        """Metrics of private replies only (counts prefixed ``evaluate-`` by the strategy,
+        as for every fedqhd strategy)."""
         kept, refused = self._screen(replies, f"evaluate round {server_round}")
         metrics = self.strategy.aggregate_evaluate(server_round, kept)
         if metrics is None:
             return None
         out = MetricRecord({k: v for k, v in metrics.items() if k != C.PRIVATE})
-        for key in (C.REPLIES_OK, C.REPLIES_FAILED, C.REPLIES_REJECTED, C.NUM_TRANSITIONS):
-            if key in out:
-                out[f"evaluate-{key}"] = out.pop(key)
-        out[f"evaluate-{C.REPLIES_REFUSED_NON_PRIVATE}"] = refused
+        self._count_refused(out, refused, C.EVALUATE_PREFIX)
         self.strategy.last_evaluate_metrics = out
         return out

@@ -1,31 +1,153 @@
-"""Reply screening shared by the fedqhd strategies.
+"""Reply screening and aggregation rules shared by the fedqhd strategies.
 
-A reply is aggregated only if it carries no error, has the expected array with
-the expected shape, only finite values, and a positive transition count. Every
-other reply is left out, logged with its reason and counted in the round's
-metrics, and the round goes on with the rest.
+Nothing a client sends can make :func:`screen_replies` raise. A reply is aggregated
+only if it carries no error, has the expected array, decodable as a ``.npy`` of a
+real floating dtype (``float16/32/64``; integers, booleans, complex, strings and
+object or pickled arrays are refused: no honest client sends them) whose bytes
+hold exactly the data its header claims and whose shape is the expected one,
+only finite values, and a finite positive transition count. Every other reply is
+left out, logged with its reason under its node id (and the partition id its
+metrics claim, if any) and counted in the round's metrics; the round goes on.
+
+Two safeguards are on by default (:class:`Safeguards`): a reply whose array norm
+is above ``norm_bound_factor`` times the median norm of the round's replies is
+refused (counted under ``replies-rejected`` and ``replies-norm-refused``), and a
+client's weight is capped at ``weight_cap_factor`` times the median claimed
+``num-transitions`` of the round (the reply is kept, counted under
+``replies-weight-capped``). The aggregation rule (:data:`AGGREGATIONS`) then
+combines the accepted arrays and the replies' numeric metrics.
 """
 
 from __future__ import annotations
 
+import io
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import cast
+from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
 
 from . import contract as C
 
+#: how accepted replies are combined (coordinate-wise for median and trimmed mean)
+AGGREGATIONS = ("mean", "median", "trimmed-mean", "clipped-mean")
+#: the only serialization type accepted: Flower's numpy ``.npy`` bytes
+NUMPY_STYPE = "numpy.ndarray"
+#: elements an array of unknown expected shape may have (2 GiB of float64)
+MAX_ELEMENTS = 2**28
 
-def weighted_mean(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+
+@dataclass(frozen=True)
+class Safeguards:
+    """The screening and aggregation settings of a strategy.
+
+    Parameters
+    ----------
+    aggregation : {"mean", "median", "trimmed-mean", "clipped-mean"}
+        ``mean``: weighted mean (FedAvg). ``median``: coordinate-wise weighted median.
+        ``trimmed-mean``: coordinate-wise, the ``ceil(trim_fraction * n)`` lowest and
+        highest values dropped, weighted mean of the rest. ``clipped-mean``: each reply
+        scaled down to at most ``clip_factor`` times the median reply norm, then the
+        weighted mean.
+    trim_fraction : float in [0, 0.5)
+    clip_factor : float > 0
+    norm_bound_factor : float >= 0
+        Refuse replies whose norm exceeds this multiple of the round's median reply
+        norm; 0 turns the bound off.
+    weight_cap_factor : float >= 0
+        Cap each client's weight at this multiple of the round's median claimed
+        ``num-transitions``; 0 turns the cap off.
+    """
+
+    aggregation: str = "mean"
+    trim_fraction: float = 0.1
+    clip_factor: float = 1.0
+    norm_bound_factor: float = 10.0
+    weight_cap_factor: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, "
+                             f"got {self.aggregation!r}")
+        if not 0.0 <= self.trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction must be in [0, 0.5), got {self.trim_fraction}")
+        if not (math.isfinite(self.clip_factor) and self.clip_factor > 0):
+            raise ValueError(f"clip_factor must be > 0, got {self.clip_factor}")
+        for name in ("norm_bound_factor", "weight_cap_factor"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be >= 0 (0: off), got {value}")
+
+    def combine(self, arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+        """Aggregate equally shaped arrays with this rule."""
+        return aggregate(arrays, weights, self.aggregation, self.trim_fraction,
+                         self.clip_factor)
+
+
+#: no safeguards and plain weighted means: the behaviour before screening had them
+OFF = Safeguards(norm_bound_factor=0.0, weight_cap_factor=0.0)
+
+
+# ------------------------------------------------------------------ aggregation rules
+def weighted_mean(arrays: Sequence[np.ndarray], weights: Sequence[float] | np.ndarray
+                  ) -> np.ndarray:
     """``sum_i w_i a_i / sum_i w_i`` over equally shaped arrays."""
     w = np.asarray(weights, dtype=np.float64)
     return np.tensordot(w / w.sum(), np.stack(arrays), axes=1)
 
 
+def weighted_median(stack: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Coordinate-wise weighted median of ``stack`` (n, ...); with equal weights it is
+    ``np.median`` (the two middle values averaged for even n)."""
+    order = np.argsort(stack, axis=0, kind="stable")
+    values = np.take_along_axis(stack, order, axis=0)
+    wb = np.broadcast_to(weights.reshape((-1,) + (1,) * (stack.ndim - 1)), stack.shape)
+    cum = np.cumsum(np.take_along_axis(wb, order, axis=0), axis=0)
+    half = cum[-1] / 2
+    tol = 1e-12 * cum[-1]
+    lower = np.argmax(cum >= half - tol, axis=0)
+    upper = np.argmax(cum > half + tol, axis=0)
+    pick = np.take_along_axis
+    return 0.5 * (pick(values, lower[None], axis=0)[0] + pick(values, upper[None], axis=0)[0])
+
+
+def trim_count(n: int, trim_fraction: float) -> int:
+    """Values dropped at each end by the trimmed mean of ``n``: ``ceil(trim * n)``, at
+    most ``(n - 1) // 2`` so that one value is always kept."""
+    return min(math.ceil(trim_fraction * n - 1e-9), (n - 1) // 2)
+
+
+def aggregate(arrays: Sequence[np.ndarray], weights: Sequence[float], rule: str = "mean",
+              trim_fraction: float = 0.1, clip_factor: float = 1.0) -> np.ndarray:
+    """Combine equally shaped arrays (or scalars) by ``rule`` (:data:`AGGREGATIONS`)."""
+    if rule == "mean":
+        return weighted_mean(arrays, weights)
+    stack = np.stack([np.asarray(a, dtype=np.float64) for a in arrays])
+    w = np.asarray(weights, dtype=np.float64)
+    if rule == "median":
+        return weighted_median(stack, w)
+    if rule == "trimmed-mean":
+        k = trim_count(len(stack), trim_fraction)
+        if k == 0:
+            return weighted_mean(list(stack), w)
+        order = np.argsort(stack, axis=0, kind="stable")
+        values = np.take_along_axis(stack, order, axis=0)[k:len(stack) - k]
+        wb = np.broadcast_to(w.reshape((-1,) + (1,) * (stack.ndim - 1)), stack.shape)
+        kept_w = np.take_along_axis(wb, order, axis=0)[k:len(stack) - k]
+        return np.asarray((values * kept_w).sum(axis=0) / kept_w.sum(axis=0))
+    if rule == "clipped-mean":
+        norms = np.array([np.linalg.norm(a) for a in stack])
+        tau = clip_factor * float(np.median(norms))
+        scale = np.where(norms > tau, tau / np.where(norms > 0, norms, 1.0), 1.0)
+        return weighted_mean([a * s for a, s in zip(stack, scale, strict=True)], w)
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {rule!r}")
+
+
+# ---------------------------------------------------------------------- screening
 @dataclass
 class ScreenedReplies:
     """Arrays, weights and metrics of the accepted replies, plus the counts of the rest."""
@@ -34,18 +156,45 @@ class ScreenedReplies:
     weights: list[float] = field(default_factory=list)
     metrics: list[dict[str, float]] = field(default_factory=list)
     nodes: list[int] = field(default_factory=list)
+    received: int = 0
     failed: int = 0
     rejected: int = 0
+    norm_refused: int = 0
+    weight_capped: int = 0
+    identity_refused: int = 0
+    #: messages sent this round (None: unknown, taken as ``received``)
+    sampled: int | None = None
+    safeguards: Safeguards = OFF
 
     def weighted_mean(self) -> np.ndarray:
         return weighted_mean(self.arrays, self.weights)
+
+    def combine(self) -> np.ndarray:
+        """The accepted arrays aggregated by the strategy's rule."""
+        return self.safeguards.combine(self.arrays, self.weights)
+
+    def drop(self, index: int) -> None:
+        """Leave accepted reply ``index`` out (after screening: identity refusals)."""
+        for items in (self.arrays, self.weights, self.metrics, self.nodes):
+            if len(items) > index:
+                del items[index]
 
     def per_node_metrics(self) -> dict[int, dict[str, float]]:
         """Each accepted reply's own metrics, by source node id (for per-client reports)."""
         return dict(zip(self.nodes, self.metrics, strict=True))
 
+    def counts(self) -> dict[str, int]:
+        """The round's reply accounting."""
+        sampled = self.received if self.sampled is None else self.sampled
+        return {C.REPLIES_SAMPLED: sampled, C.REPLIES_RECEIVED: self.received,
+                C.REPLIES_OK: len(self.metrics), C.REPLIES_FAILED: self.failed,
+                C.REPLIES_REJECTED: self.rejected, C.REPLIES_NORM_REFUSED: self.norm_refused,
+                C.REPLIES_WEIGHT_CAPPED: self.weight_capped,
+                C.REPLIES_IDENTITY_REFUSED: self.identity_refused,
+                C.REPLIES_TIMED_OUT: max(sampled - self.received, 0)}
+
     def round_metrics(self) -> MetricRecord:
-        """Weighted means of the numeric reply metrics plus the screening counts."""
+        """The numeric reply metrics aggregated by the strategy's rule, plus the counts."""
         # MetricRecord's value type (dict is invariant, so spell it out)
         out: dict[str, int | float | list[int] | list[float]] = {}
         if self.metrics:
@@ -55,12 +204,24 @@ class ScreenedReplies:
             keys = set.intersection(*(set(m) for m in self.metrics)) - {C.NUM_TRANSITIONS,
                                                                         C.PARTITION_ID}
             for key in sorted(keys):
-                out[key] = float(sum(wi * m[key] for wi, m in zip(w, self.metrics, strict=True)))
+                if self.safeguards.aggregation == "mean":
+                    out[key] = float(sum(wi * m[key]
+                                         for wi, m in zip(w, self.metrics, strict=True)))
+                else:
+                    out[key] = float(self.safeguards.combine(
+                        [np.asarray(m[key], dtype=np.float64) for m in self.metrics], list(w)))
             out[C.NUM_TRANSITIONS] = int(sum(m.get(C.NUM_TRANSITIONS, 0) for m in self.metrics))
-        out[C.REPLIES_OK] = len(self.metrics)
-        out[C.REPLIES_FAILED] = self.failed
-        out[C.REPLIES_REJECTED] = self.rejected
+        out.update(self.counts())
         return MetricRecord(out)
+
+
+def describe(node: int, metrics: Any) -> str:
+    """``node 7`` or ``node 7 (partition-id 3)``, for log lines; never raises."""
+    try:
+        pid = metrics.get(C.PARTITION_ID) if metrics is not None else None
+        return f"node {node}" + (f" (partition-id {pid!r})" if pid is not None else "")
+    except Exception:  # noqa: BLE001 - a log line must not fail on a crafted record
+        return f"node {node}"
 
 
 def screen_replies(
@@ -69,8 +230,10 @@ def screen_replies(
     expected_shape: tuple[int, ...] | None,
     uniform: bool,
     label: str,
+    safeguards: Safeguards = OFF,
+    sampled: int | None = None,
 ) -> ScreenedReplies:
-    """Split replies into usable ones and counted failures.
+    """Split replies into usable ones and counted refusals; never raises on a reply.
 
     Parameters
     ----------
@@ -79,23 +242,36 @@ def screen_replies(
         Key of the array each reply must carry in its ``arrays`` record; ``None``
         for metric-only replies (evaluation).
     expected_shape : tuple or None
-        Required shape of that array (``None``: any shape, but all equal).
+        Required shape of that array (``None``: any shape, but all equal to the first
+        accepted one).
     uniform : bool
         Weight accepted replies equally instead of by ``num-transitions``.
     label : str
         Prefix for log lines (the strategy and stage).
+    safeguards : Safeguards
+        Norm bound, weight cap and aggregation rule (default: all off, plain mean).
+    sampled : int or None
+        Messages sent for this round (replies not received count as timed out).
     """
-    out = ScreenedReplies()
+    out = ScreenedReplies(safeguards=safeguards, sampled=sampled)
+    claims: list[float] = []
     for msg in replies:
-        node = msg.metadata.src_node_id
-        if msg.has_error():
-            out.failed += 1
-            log(WARNING, "%s: node %s replied with an error: %s", label, node, msg.error.reason)
-            continue
-        reason, array, metrics = _check(msg, array_key, expected_shape)
+        out.received += 1
+        node: Any = "?"
+        try:
+            node = msg.metadata.src_node_id
+            if msg.has_error():
+                out.failed += 1
+                log(WARNING, "%s: %s replied with an error: %s", label, node,
+                    msg.error.reason)
+                continue
+            reason, array, metrics = _check(msg, array_key, expected_shape)
+        except Exception as exc:  # noqa: BLE001 - whatever a reply holds, the round goes on
+            reason, array, metrics = f"unreadable reply ({type(exc).__name__}: {exc})", None, {}
         if reason is not None:
             out.rejected += 1
-            log(WARNING, "%s: reply of node %s left out: %s", label, node, reason)
+            log(WARNING, "%s: reply of %s left out: %s", label,
+                describe(node, _metrics_or_none(msg)), reason)
             continue
         if expected_shape is None and array is not None:
             expected_shape = array.shape
@@ -103,10 +279,103 @@ def screen_replies(
             out.arrays.append(array)
         out.metrics.append(metrics)
         out.nodes.append(node)
-        out.weights.append(1.0 if uniform else float(metrics[C.NUM_TRANSITIONS]))
-    log(INFO, "%s: %d replies aggregated, %d failed, %d rejected", label,
-        len(out.metrics), out.failed, out.rejected)
+        claims.append(float(metrics[C.NUM_TRANSITIONS]))
+    _bound_norms(out, claims, label)
+    _cap_weights(out, claims, uniform, label)
+    log(INFO, "%s: %d replies aggregated, %d failed, %d rejected (%d over the norm bound), "
+        "%d weights capped", label, len(out.metrics), out.failed, out.rejected,
+        out.norm_refused, out.weight_capped)
     return out
+
+
+def _metrics_or_none(msg: Message) -> Any:
+    try:
+        record = msg.content.get(C.METRICS)
+        return record if isinstance(record, MetricRecord) else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _bound_norms(out: ScreenedReplies, claims: list[float], label: str) -> None:
+    """Refuse replies above ``norm_bound_factor`` x the median norm of the round."""
+    factor = out.safeguards.norm_bound_factor
+    if factor <= 0 or len(out.arrays) < 2:
+        return
+    norms = np.array([np.linalg.norm(a) for a in out.arrays])
+    bound = factor * float(np.median(norms))
+    if not bound > 0:  # an all-zero majority gives no scale
+        return
+    for i in reversed(range(len(norms))):
+        if norms[i] > bound:
+            log(WARNING, "%s: reply of %s left out: norm %.4g above the bound %.4g (%g x the "
+                "median reply norm)", label, describe(out.nodes[i], out.metrics[i]), norms[i],
+                bound, factor)
+            out.drop(i)
+            del claims[i]
+            out.rejected += 1
+            out.norm_refused += 1
+
+
+def _cap_weights(out: ScreenedReplies, claims: list[float], uniform: bool, label: str) -> None:
+    """Weights: the claimed sizes (or 1), each capped at ``weight_cap_factor`` x the
+    median claim; the capped size also replaces the claim in the reply's metrics."""
+    if uniform:
+        out.weights = [1.0] * len(claims)
+        return
+    factor = out.safeguards.weight_cap_factor
+    cap = factor * float(np.median(claims)) if factor > 0 and claims else math.inf
+    out.weights = []
+    for i, claim in enumerate(claims):
+        if claim > cap:
+            log(WARNING, "%s: weight of %s capped: claims %.4g %s, cap %.4g (%g x the "
+                "median claim)", label, describe(out.nodes[i], out.metrics[i]), claim,
+                C.NUM_TRANSITIONS, cap, factor)
+            out.weight_capped += 1
+            out.metrics[i] = {**out.metrics[i], C.NUM_TRANSITIONS: cap}
+            claim = cap
+        out.weights.append(claim)
+
+
+def decode_array(obj: Any, expected_shape: tuple[int, ...] | None
+                 ) -> tuple[str | None, np.ndarray | None]:
+    """``(None, float64 array)`` for a well-formed real-float numpy ``Array``, else
+    ``(reason, None)``. Reads the ``.npy`` header first and never unpickles, never
+    allocates more than the bytes received."""
+    if not isinstance(obj, Array):
+        return f"not a flwr Array ({type(obj).__name__})", None
+    if obj.stype != NUMPY_STYPE:
+        return f"serialization type {obj.stype!r} is not {NUMPY_STYPE!r}", None
+    data = obj.data
+    if not isinstance(data, bytes | bytearray):
+        return f"array data of type {type(data).__name__}, expected bytes", None
+    buffer = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(buffer)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(buffer)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(buffer)
+        else:
+            return f"unsupported .npy version {version}", None
+    except Exception as exc:  # noqa: BLE001 - any header problem is a refusal
+        return f"undecodable array bytes ({type(exc).__name__}: {exc})", None
+    if dtype.hasobject or dtype.fields is not None or dtype.kind != "f":
+        return f"dtype {dtype} is not a real floating type", None
+    shape = tuple(int(s) for s in shape)
+    if expected_shape is not None and shape != tuple(expected_shape):
+        return f"shape {shape}, expected {tuple(expected_shape)}", None
+    n = math.prod(shape)
+    if n > MAX_ELEMENTS:
+        return f"shape {shape} has {n} elements, more than {MAX_ELEMENTS}", None
+    if tuple(int(s) for s in obj.shape) != shape:
+        return f"Array.shape {tuple(obj.shape)} differs from its data's shape {shape}", None
+    offset = buffer.tell()
+    if len(data) - offset != n * dtype.itemsize:
+        return (f"array data has {len(data) - offset} bytes, its header claims "
+                f"{n * dtype.itemsize}"), None
+    flat = np.frombuffer(data, dtype=dtype, count=n, offset=offset)
+    array = flat.reshape(shape[::-1]).transpose() if fortran else flat.reshape(shape)
+    return None, np.array(array, dtype=np.float64)
 
 
 def _check(
@@ -116,7 +385,8 @@ def _check(
     metrics_record = content.get(C.METRICS)
     if not isinstance(metrics_record, MetricRecord):
         return f"no '{C.METRICS}' MetricRecord", None, {}
-    metrics = {k: v for k, v in metrics_record.items() if isinstance(v, int | float)}
+    metrics = {k: v for k, v in metrics_record.items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
     n = metrics.get(C.NUM_TRANSITIONS)
     if n is None or not np.isfinite(n) or n <= 0:
         return f"'{C.NUM_TRANSITIONS}' missing or not positive ({n!r})", None, {}
@@ -125,13 +395,11 @@ def _check(
     if array_key is None:
         return None, None, metrics
     record = content.get(C.ARRAYS)
-    if record is None or array_key not in record:
-        return f"no '{array_key}' array in record '{C.ARRAYS}'", None, {}
-    # the "arrays" entry of a reply is an ArrayRecord by the message contract
-    array = cast(ArrayRecord, record)[array_key].numpy()
-    if expected_shape is not None and tuple(array.shape) != tuple(expected_shape):
-        return (f"'{array_key}' has shape {tuple(array.shape)}, expected "
-                f"{tuple(expected_shape)}"), None, {}
-    if not np.issubdtype(array.dtype, np.number) or not np.all(np.isfinite(array)):
-        return f"'{array_key}' holds non-finite or non-numeric values", None, {}
-    return None, np.asarray(array, dtype=np.float64), metrics
+    if not isinstance(record, ArrayRecord) or array_key not in record:
+        return f"no '{array_key}' array in ArrayRecord '{C.ARRAYS}'", None, {}
+    reason, array = decode_array(record[array_key], expected_shape)
+    if reason is not None or array is None:
+        return f"'{array_key}': {reason}", None, {}
+    if not np.all(np.isfinite(array)):
+        return f"'{array_key}' holds non-finite values", None, {}
+    return None, array, metrics
