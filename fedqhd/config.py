@@ -26,8 +26,9 @@ from fedqhd.privacy.noise import NOISE_KINDS
 from fedqhd.strategies.base import WEIGHTINGS
 from fedqhd.strategies.screening import AGGREGATIONS
 
-#: the function-space strategy: auto (avg for a shared encoder, else anchor), avg, anchor
-STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor")
+#: the function-space strategy: auto (avg for a shared encoder, else anchor), avg, anchor,
+#: exact (pooled ridge FQI from sufficient statistics; shared encoder, fqi, offline)
+STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor", "exact")
 #: how FedQHDAvg clients update: one consensus-ADMM step (fixed point = pooled FQI) or
 #: local sweeps pulled toward the global readout
 CLIENT_UPDATES: tuple[str, ...] = ("admm", "proximal")
@@ -212,6 +213,19 @@ class RunConfig:
         if self.strategy == "avg" and self.encoder != "shared":
             raise ConfigError("run-config key 'strategy' = 'avg' needs 'encoder' = 'shared': "
                               "readouts of different encoders cannot be averaged; use 'anchor'")
+        if self.strategy == "exact":
+            if self.encoder != "shared":
+                raise ConfigError("run-config key 'strategy' = 'exact' needs 'encoder' = "
+                                  "'shared': sufficient statistics of different encoders "
+                                  "cannot be summed; use 'anchor'")
+            if self.learner != "fqi" or self.protocol != "offline":
+                raise ConfigError("run-config key 'strategy' = 'exact' needs 'learner' = 'fqi' "
+                                  f"and 'protocol' = 'offline', got {self.learner!r} and "
+                                  f"{self.protocol!r}")
+            if self.fraction_train != 1.0:
+                raise ConfigError("run-config key 'strategy' = 'exact' needs 'fraction-train' "
+                                  f"= 1 (the pooled sweep needs every client), got "
+                                  f"{self.fraction_train}")
         if self.protocol == "online" and self.learner != "fqi":
             raise ConfigError(f"run-config key 'protocol' = 'online' needs 'learner' = 'fqi', "
                               f"got {self.learner!r}")
@@ -232,7 +246,7 @@ class RunConfig:
 
     @property
     def resolved_strategy(self) -> str:
-        """``avg`` or ``anchor`` after resolving ``auto``."""
+        """``avg``, ``anchor`` or ``exact`` after resolving ``auto``."""
         if self.strategy != "auto":
             return self.strategy
         if self.learner == "pool":

@@ -28,12 +28,15 @@ from fedqhd.data import Shard, client_shard
 from fedqhd.encoders import HDEncoder, heterogeneous_encoder_params, shared_encoder_params
 from fedqhd.envs import ENV_IDS, batch_rollout_returns, get_spec
 from fedqhd.learners.base import Arrays, Metrics, ServerPlan, env_problem, partition
-from fedqhd.readout import RidgeFQI, RidgeSystem
+from fedqhd.readout import RidgeFQI, RidgeSystem, StreamingRidgeFQI, chunked_grams
 from fedqhd.seeding import SERVER, anchor_seed, evaluation_seed
-from fedqhd.strategies import FedQHDAnchor, FedQHDAvg
+from fedqhd.strategies import FedQHDAnchor, FedQHDAvg, FedQHDExact
 from fedqhd.strategies import contract as C
 
 STATE_ADMM = "fedqhd-admm"  #: context.state ArrayRecord: the ADMM client's last reply
+#: bytes a learner's in-memory features (states and next states, float64) may take before
+#: it fits from streamed sufficient statistics instead
+FEATURE_BUDGET = 1 << 30
 
 
 class FQILearner:
@@ -53,20 +56,43 @@ class FQILearner:
     value_range : "data", (lo, hi) or None
         Where FQI keeps its Bellman targets (see :class:`~fedqhd.readout.RidgeFQI`):
         the range the shard's rewards allow, an explicit range, or no bound.
+    streaming : bool or None
+        Fit from chunked sufficient statistics (:class:`~fedqhd.readout.StreamingRidgeFQI`,
+        memory O(|A| D^2 + chunk x D)) instead of in-memory features (O(n x D)). ``None``
+        (default): stream when the two feature matrices (``2 n D`` float64) would exceed
+        ``feature_budget`` bytes. Both give the same readouts (to rounding).
+    feature_budget : int
+        Bytes the in-memory features may take (default :data:`FEATURE_BUDGET`, 1 GiB).
+    chunk_size : int
+        Rows encoded at a time when streaming.
     """
 
     def __init__(self, shard: Shard, encoder: HDEncoder, n_actions: int, gamma: float = 0.99,
                  ridge: float = 1.0, proximal: float = 1.0,
                  compile_ridge: float | None = None,
-                 value_range: str | tuple[float, float] | None = "data") -> None:
+                 value_range: str | tuple[float, float] | None = "data",
+                 streaming: bool | None = None, feature_budget: int | None = None,
+                 chunk_size: int = 4096) -> None:
         self.encoder = encoder
         self.n_actions = int(n_actions)
         self.compile_ridge = float(ridge if compile_ridge is None else compile_ridge)
         self.n_transitions = int(shard.n_transitions)
-        self.fqi = RidgeFQI(
-            encoder.encode(shard.observations), shard.actions, shard.rewards,
-            encoder.encode(shard.next_observations), shard.terminated, n_actions,
-            gamma=gamma, ridge=ridge, proximal=proximal, value_range=value_range)
+        self.shard = shard
+        budget = FEATURE_BUDGET if feature_budget is None else int(feature_budget)
+        if streaming is None:
+            streaming = 2 * self.n_transitions * encoder.n_components * 8 > budget
+        self.fqi: RidgeFQI | StreamingRidgeFQI
+        if streaming:
+            self.fqi = StreamingRidgeFQI(encoder.encode, encoder.n_components, n_actions,
+                                         gamma=gamma, ridge=ridge, proximal=proximal,
+                                         value_range=value_range, chunk_size=chunk_size)
+            self.fqi.add(shard.observations, shard.actions, shard.rewards,
+                         shard.next_observations, shard.terminated)
+        else:
+            self.fqi = RidgeFQI(
+                encoder.encode(shard.observations), shard.actions, shard.rewards,
+                encoder.encode(shard.next_observations), shard.terminated, n_actions,
+                gamma=gamma, ridge=ridge, proximal=proximal, value_range=value_range)
         self._anchor_key: str | None = None
         self._anchor_system: RidgeSystem | None = None
 
@@ -123,6 +149,25 @@ class FQILearner:
         gap = float(np.linalg.norm(local - z) / scale)  # in [0, 2]; 1 while z = 0
         return local + dual, {"bellman-residual": result.bellman_residuals[-1],
                               "consensus-gap": gap}
+
+    def exact_statistics(self, readout: np.ndarray, have: int, want_rhs: bool,
+                         q_range: tuple[float, float] | None) -> tuple[Arrays, Metrics]:
+        """A FedQHDExact reply: the Gram of the transitions after the first ``have`` (none
+        when the server holds them all), ``Phi_a^T y_a`` for ``readout``'s targets kept in
+        the pooled ``q_range`` (if wanted), counts and the reward range."""
+        arrays: Arrays = {C.ACTION_COUNTS: self.fqi.action_counts.astype(np.float64),
+                          C.REWARD_RANGE: self.fqi.reward_extremes}
+        if have < self.n_transitions:
+            if have == 0:
+                grams = self.fqi.grams()
+            else:  # only the new transitions (a shard that grew)
+                grams = chunked_grams(self.encoder.encode, self.shard.observations[have:],
+                                      self.shard.actions[have:], self.n_actions,
+                                      self.encoder.n_components)
+            arrays[C.GRAM] = C.pack_upper(grams)
+        if want_rhs:
+            arrays[C.PHI_Y] = self.fqi.rhs(readout, q_range)
+        return arrays, {C.GRAM_THROUGH: self.n_transitions}
 
     def compile(self, anchors: np.ndarray, teacher: np.ndarray) -> float:
         """Replace the readout by the ridge projection of ``teacher`` (Q on ``anchors``)
@@ -215,10 +260,12 @@ def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
         shard = client_shard(cfg.env_id, cfg.partition, pid, n_parts, cfg.episodes_per_client,
                              cfg.seed, data_dir=data_dir or None,
                              epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max)
+        # exact: the client only computes statistics (its Gram is built once, chunked)
         learner = FQILearner(shard, client_encoder(cfg, pid), get_spec(cfg.env_id).n_actions,
                              gamma=cfg.gamma, ridge=local_ridge(cfg.ridge, n_parts),
                              proximal=local_proximal(cfg, shard.n_transitions),
-                             compile_ridge=cfg.ridge)
+                             compile_ridge=cfg.ridge,
+                             streaming=True if cfg.resolved_strategy == "exact" else None)
         for stale in [k for k in _NODE_LEARNERS if k[0] != context.run_id or k[4] != cfg]:
             del _NODE_LEARNERS[stale]  # free what earlier runs left in this process
         _NODE_LEARNERS[key] = (learner, shard)
@@ -255,9 +302,6 @@ class FQI:
                                     **strategy_kwargs)
             return ServerPlan(strategy, strategy.initial_arrays(),
                               run_info={"anchors-shape": list(anchors.shape)})
-        # ADMM's consensus is over all clients: keep every node's latest reply
-        avg = FedQHDAvg(fraction_evaluate=0.0, aggregate="latest" if uses_admm(cfg) else "sampled",
-                        **{k: v for k, v in strategy_kwargs.items() if k != "min_evaluate_nodes"})
         encoder = shared_encoder(cfg)
 
         def evaluate(arrays: ArrayRecord) -> MetricRecord:
@@ -266,8 +310,17 @@ class FQI:
                                  C.RETURN_STD: float(returns.std())})
 
         shape = [cfg.hd_dim, spec.n_actions]
-        return ServerPlan(avg, C.to_array_record({C.READOUT: np.zeros(shape)}), evaluate,
-                          {"readout-shape": shape})
+        initial = C.to_array_record({C.READOUT: np.zeros(shape)})
+        if cfg.resolved_strategy == "exact":
+            exact = FedQHDExact(cfg.hd_dim, spec.n_actions, cfg.gamma, cfg.ridge,
+                                fraction_evaluate=0.0,
+                                **{k: v for k, v in strategy_kwargs.items()
+                                   if k != "min_evaluate_nodes"})
+            return ServerPlan(exact, initial, evaluate, {"readout-shape": shape})
+        # ADMM's consensus is over all clients: keep every node's latest reply
+        avg = FedQHDAvg(fraction_evaluate=0.0, aggregate="latest" if uses_admm(cfg) else "sampled",
+                        **{k: v for k, v in strategy_kwargs.items() if k != "min_evaluate_nodes"})
+        return ServerPlan(avg, initial, evaluate, {"readout-shape": shape})
 
     def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
         gap = (f" | consensus gap {row[C.CONSENSUS_GAP]:.3g}" if C.CONSENSUS_GAP in row else "")
@@ -286,6 +339,13 @@ class FQI:
         one consensus step, its dual kept in ``context.state``)."""
         learner, _ = node_learner(context, cfg)
         metrics: Metrics = {C.NUM_TRANSITIONS: learner.n_transitions}
+        if C.STATS_REQUEST in arrays:  # FedQHDExact: sufficient statistics, no local fit
+            have, want = arrays[C.STATS_REQUEST]
+            q_range = (tuple(float(v) for v in arrays[C.Q_RANGE]) if C.Q_RANGE in arrays
+                       else None)
+            stats, extra = learner.exact_statistics(arrays[C.READOUT], int(have), bool(want),
+                                                    q_range)  # type: ignore[arg-type]
+            return stats, {**metrics, **extra}
         if C.READOUT in arrays and uses_admm(cfg):
             # identifies the client to the server's latest-reply memory across node restarts
             metrics[C.PARTITION_ID] = partition(context)[0]

@@ -2,7 +2,7 @@
 
 Import them into any Flower ServerApp::
 
-    from fedqhd.strategies import FedQHDAvg, FedQHDAnchor, PrivacyScreen
+    from fedqhd.strategies import FedQHDAvg, FedQHDAnchor, FedQHDExact, PrivacyScreen
 
 The message contract (record names, array keys, metric keys) is in
 :mod:`fedqhd.strategies.contract` and in the README.
@@ -11,6 +11,7 @@ The message contract (record names, array keys, metric keys) is in
 from . import contract
 from .anchor import FedQHDAnchor
 from .avg import FedQHDAvg
+from .exact import FedQHDExact
 from .private import PrivacyScreen
 
-__all__ = ["FedQHDAnchor", "FedQHDAvg", "PrivacyScreen", "contract"]
+__all__ = ["FedQHDAnchor", "FedQHDAvg", "FedQHDExact", "PrivacyScreen", "contract"]

@@ -19,6 +19,15 @@ READOUT = "readout"      #: (D, |A|) readout of a shared encoder (FedQHDAvg, bot
 ANCHORS = "anchors"      #: (m, obs_dim) anchor states fixed by the server (FedQHDAnchor)
 TEACHER = "teacher"      #: (m, |A|) weighted mean of client Q-values on the anchors
 Q_ANCHORS = "q-anchors"  #: (m, |A|) one client's Q-values on the anchors (reply)
+# FedQHDExact (shared encoder, pooled ridge FQI from sufficient statistics; see exact.py)
+STATS_REQUEST = "stats-request"  #: (2,) server -> client: [transitions of this client already
+#                                   in the server's Gram, 1 if phi-y is wanted this round else 0]
+Q_RANGE = "q-range"              #: (2,) server -> client: pooled [lo, hi] the targets are kept in
+GRAM = "gram"                    #: (|A|, D(D+1)/2) reply: packed upper triangles of the per-action
+#                                   Gram of the client's transitions after the server's count
+PHI_Y = "phi-y"                  #: (D, |A|) reply: Phi_a^T y_a for the global readout's targets
+ACTION_COUNTS = "action-counts"  #: (|A|,) reply: the client's transitions per action
+REWARD_RANGE = "reward-range"    #: (2,) reply: [min, max] of the client's rewards
 # with learner = "pool" the anchors are (state, action) points (m, w + d) in [0, 1]^(w+d), and
 # TEACHER / Q_ANCHORS are (m, H): column h is the pessimistic Q_h at the point (scaled reward)
 
@@ -32,6 +41,9 @@ CONSENSUS_GAP = "consensus-gap"              #: reply (admm): ||w_i - W|| / max(
 PROJECTION_RESIDUAL = "projection-residual"  #: reply: ||X_i W_i - T||_F of the compilation
 RETURN_MEAN = "return-mean"                  #: evaluate reply: mean greedy return
 RETURN_STD = "return-std"                    #: evaluate reply: std of greedy return
+GRAM_THROUGH = "gram-through"                #: reply (exact): transitions its Grams now cover
+EXACT_CLIENTS = "exact-clients"              #: round (exact): clients in the pooled system
+EXACT_STALE = "exact-stale"                  #: round (exact): clients whose phi-y is an old one
 REPLIES_OK = "replies-ok"                    #: round metric: replies aggregated
 REPLIES_FAILED = "replies-failed"            #: round metric: replies carrying an error
 REPLIES_REJECTED = "replies-rejected"        #: round metric: replies refused by screening
@@ -70,6 +82,21 @@ GAP_INFORMED = "gap-informed-percent"  #: evaluate reply: gap of its teacher-inf
 LEDGER_KEYS = (PRIVATE, RHO_SPENT, RHO_BUDGET, DELTA, EPSILON_CKS, EPSILON_EXACT, EPSILON,
                NOISE_SIGMA,
                NOISE_SECURE, NUM_TRANSITIONS)
+
+
+def pack_upper(grams: np.ndarray) -> np.ndarray:
+    """(k, D, D) symmetric -> (k, D(D+1)/2): the upper triangles, row by row (GRAM)."""
+    rows, cols = np.triu_indices(grams.shape[-1])
+    return np.ascontiguousarray(grams[:, rows, cols])
+
+
+def unpack_upper(packed: np.ndarray, dim: int) -> np.ndarray:
+    """Inverse of :func:`pack_upper`: (k, D(D+1)/2) -> (k, D, D) symmetric."""
+    rows, cols = np.triu_indices(dim)
+    out = np.zeros((packed.shape[0], dim, dim))
+    out[:, rows, cols] = packed
+    out[:, cols, rows] = packed
+    return out
 
 
 def to_array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
