@@ -226,6 +226,10 @@ class RunConfig:
                 raise ConfigError("run-config key 'strategy' = 'exact' needs 'fraction-train' "
                                   f"= 1 (the pooled sweep needs every client), got "
                                   f"{self.fraction_train}")
+            if self.aggregation != "mean":
+                raise ConfigError("run-config key 'strategy' = 'exact' sums sufficient "
+                                  "statistics exactly: 'aggregation' must be 'mean', got "
+                                  f"{self.aggregation!r}")
         if self.protocol == "online" and self.learner != "fqi":
             raise ConfigError(f"run-config key 'protocol' = 'online' needs 'learner' = 'fqi', "
                               f"got {self.learner!r}")

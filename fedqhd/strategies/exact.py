@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -73,9 +74,13 @@ class FedQHDExact(FunctionSpaceStrategy):
                  proximal: float = 0.0, bounded: bool = True,
                  weighting: str = "transitions", fraction_train: float = 1.0,
                  fraction_evaluate: float = 0.0, min_train_nodes: int = 2,
-                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2) -> None:
+                 min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
+                 **safeguards: Any) -> None:
+        if safeguards.get("aggregation", "mean") != "mean":
+            raise ValueError("FedQHDExact sums sufficient statistics exactly: aggregation "
+                             f"must be 'mean', got {safeguards['aggregation']!r}")
         super().__init__(weighting, fraction_train, fraction_evaluate, min_train_nodes,
-                         min_evaluate_nodes, min_available_nodes)
+                         min_evaluate_nodes, min_available_nodes, **safeguards)
         if ridge < 0 or proximal < 0 or ridge + proximal <= 0:
             raise ValueError(f"need ridge >= 0, proximal >= 0, ridge + proximal > 0; "
                              f"got ridge={ridge}, proximal={proximal}")
