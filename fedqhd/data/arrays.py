@@ -72,7 +72,7 @@ def _integers(name: str, value: Any, n: int) -> np.ndarray:
     if arr.dtype.kind == "f":
         if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
             row = int(np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))[0])
-            raise ShardError(f"{name}: not integer-valued (row {row}: {arr[row]!r})")
+            raise ShardError(f"{name}: not integer-valued (row {row}: {arr[row].item()!r})")
     elif arr.dtype.kind not in "iu":
         raise ShardError(f"{name}: expected integers, got dtype {arr.dtype}")
     if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
@@ -86,7 +86,8 @@ def _flags(name: str, value: Any, n: int) -> np.ndarray:
         return arr.astype(bool)
     if not np.all(np.isin(arr, (0, 1))):
         row = int(np.flatnonzero(~np.isin(arr, (0, 1)))[0])
-        raise ShardError(f"{name}: flags must be booleans or 0/1 (row {row}: {arr[row]!r})")
+        raise ShardError(f"{name}: flags must be booleans or 0/1 "
+                         f"(row {row}: {arr[row].item()!r})")
     return arr.astype(bool)
 
 

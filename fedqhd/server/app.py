@@ -8,7 +8,7 @@ scored by its gap against c*) is in :mod:`fedqhd.learners`.
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedqhd.config import RunConfig
+from fedqhd.config import ConfigError, RunConfig
 from fedqhd.learners import get_learner
 from fedqhd.seeding import seed_globals
 from fedqhd.server.results import RunRecorder, new_run_dir
@@ -27,7 +27,14 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    run_federation(grid, RunConfig.from_run_config(context.run_config))
+    """Parse the run config first (importing ``env-module``): a bad key raises
+    :class:`~fedqhd.config.ConfigError` naming it, and Flower marks the run failed."""
+    try:
+        cfg = RunConfig.from_run_config(context.run_config)
+    except ConfigError as exc:
+        log(ERROR, "fedqhd: invalid run config, the run stops: %s", exc)
+        raise
+    run_federation(grid, cfg)
 
 
 def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
