@@ -41,13 +41,18 @@ def rollout_anchors(env_id: str, m: int, seed: int, length: int = ROLLOUT_LENGTH
                     break
     finally:
         env.close()
-    return np.asarray(states[:m], dtype=np.float64)
+    return np.asarray(states[:m], dtype=np.float64).reshape(m, -1)
 
 
 def uniform_anchors(env_id: str, m: int, seed: int) -> np.ndarray:
-    """``m`` states uniform in the per-environment bounds ``[-bound, bound]``."""
-    bound = get_spec(env_id).obs_bound
-    return np.random.default_rng(seed).uniform(-bound, bound, size=(m, len(bound)))
+    """``m`` states uniform in the per-environment bounds ``center +- bound`` (the
+    centre is zero for the built-in tasks)."""
+    spec = get_spec(env_id)
+    bound = spec.obs_bound
+    states = np.random.default_rng(seed).uniform(-bound, bound, size=(m, len(bound)))
+    if spec.obs_center is not None:
+        states += spec.obs_center
+    return states
 
 
 def load_anchors(path: str | Path, env_id: str) -> np.ndarray:

@@ -217,7 +217,11 @@ def fqi_speed(env_id: str, n_clients: int, dim: int, sweeps: int, seed: int = 0)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="federated vs pooled vs lone FQI (in process)")
-    p.add_argument("--env", default="CartPole-v1")
+    p.add_argument("--env", default="CartPole-v1",
+                   help="a registered env id (the four tasks, or one of --env-module's)")
+    p.add_argument("--env-module", default="",
+                   help="module(s) to import first, comma-separated: importing registers your "
+                   "environments (passed on as run-config key env-module)")
     p.add_argument("--clients", type=int, help="clients (default 10; --suite paper: 5)")
     p.add_argument("--seeds", help="comma-separated (default 0,1,2; --suite paper: 42,43,44)")
     p.add_argument("--rounds", type=int, default=30)
@@ -290,6 +294,14 @@ def _paper_suite(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    from fedqhd.config import ConfigError
+
+    if args.env_module:
+        args.set = [f"env-module='{args.env_module}'", *args.set]
+    try:  # the module first (it registers the env), then the env id: errors, not tracebacks
+        parse_overrides([*args.set, f"env-id='{args.env}'"])
+    except ConfigError as exc:
+        raise SystemExit(f"error: {exc}") from None
     if args.suite == "paper":
         return _paper_suite(args)
     args.clients = args.clients or 10

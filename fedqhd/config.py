@@ -17,9 +17,8 @@ from typing import Any
 from fedqhd.anchors import ANCHOR_SOURCES
 from fedqhd.data.partition import PARTITIONS
 from fedqhd.encoders import ENCODER_KINDS
-from fedqhd.envs import ENV_IDS
+from fedqhd.envs import env_ids, is_registered, load_env_modules
 from fedqhd.envs.inventory import DEMANDS as POOL_DEMANDS
-from fedqhd.envs.inventory import ENV_ID as INVENTORY_ENV_ID
 from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
 from fedqhd.learners import get_learner, learner_names
 from fedqhd.privacy.noise import NOISE_KINDS
@@ -57,6 +56,13 @@ def _float_range(lo: float, hi: float, lo_open: bool = False, hi_open: bool = Fa
     return check
 
 
+def _registered_env(v: Any) -> str | None:
+    if is_registered(v):
+        return None
+    return (f"a registered env id ({', '.join(env_ids(None))}); register your own in a "
+            "module named by 'env-module'")
+
+
 def _key(check: Callable[[Any], str | None], doc: str) -> dict[str, Any]:
     return {"check": check, "doc": doc}
 
@@ -69,8 +75,11 @@ class RunConfig:
                                                 "seeds data, encoders, anchors, sampling"))
     num_server_rounds: int = field(default=20, metadata=_key(_int_range(1, 100_000),
                                                             "federated rounds"))
+    env_module: str = field(default="", metadata=_key(
+        lambda v: None, "module(s) imported first in every process (comma-separated); "
+        "importing registers the user's environments"))
     env_id: str = field(default="CartPole-v1", metadata=_key(
-        _choice(ENV_IDS + (INVENTORY_ENV_ID,)), "gymnasium task (pool: the inventory)"))
+        _registered_env, "a registered task (pool: the inventory)"))
     data_dir: str = field(default="", metadata=_key(lambda v: None,
                                                     "shard folder; empty: generate"))
     partition: str = field(default="behaviour-skew",
@@ -201,6 +210,14 @@ class RunConfig:
         _int_range(1, 10_000_000), "inventory episodes per evaluation (common random numbers)"))
 
     def __post_init__(self) -> None:
+        if not isinstance(self.env_module, str):
+            raise ConfigError(f"run-config key 'env-module' = {self.env_module!r} is invalid: "
+                              "expected a module name (str)")
+        try:  # before any check: the module registers the environments env-id may name
+            load_env_modules(self.env_module)
+        except ImportError as exc:
+            raise ConfigError(f"run-config key 'env-module' = {self.env_module!r} is invalid: "
+                              f"{exc}") from None
         for f in fields(self):
             value = getattr(self, f.name)
             problem = f.metadata["check"](value)
@@ -259,7 +276,8 @@ class RunConfig:
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
-        """Parse Flower's run config: unknown keys and wrong types are errors."""
+        """Parse Flower's run config: unknown keys and wrong types are errors. The
+        ``env-module`` is imported first (it may register the ``env-id``)."""
         by_key = {_kebab(f.name): f for f in fields(cls)}
         unknown = sorted(set(run_config) - set(by_key))
         if unknown:

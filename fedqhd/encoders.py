@@ -32,9 +32,13 @@ class HDEncoder(TransformerMixin, BaseEstimator):
         Feature dimension ``D``.
     gamma : float
         RBF bandwidth on scaled states: the kernel is ``exp(-gamma ||x - y||^2)``.
-    scale : array-like of shape (n_features,) or None
+    scale : array-like of shape (n_features,), "auto" or None
         Per-dimension divisor applied before encoding (per-environment bounds, so
-        scaled states lie roughly in ``[-1, 1]``). ``None`` means no scaling.
+        scaled states lie roughly in ``[-1, 1]``); positive and finite (anything
+        else is refused with a message). ``"auto"``: learned from the rows given
+        to :meth:`fit` (a robust half-range per coordinate,
+        :func:`fedqhd.envs.infer_obs_bound`; constant coordinates get 1).
+        ``None`` means no scaling.
     random_state : int, RandomState or None
         Seed for ``Omega`` and ``b``; two encoders with the same seed, dimension,
         bandwidth and input width are identical.
@@ -60,7 +64,8 @@ class HDEncoder(TransformerMixin, BaseEstimator):
         self.random_state = random_state
 
     def fit(self, X: np.ndarray, y: None = None) -> HDEncoder:
-        """Draw the random projection; only the width of ``X`` is used."""
+        """Draw the random projection; only the width of ``X`` is used (and its rows,
+        with ``scale="auto"``)."""
         X = validate_data(self, X, dtype=np.float64)
         if int(self.n_components) < 1:
             raise ValueError(f"n_components must be >= 1, got {self.n_components}")
@@ -69,10 +74,14 @@ class HDEncoder(TransformerMixin, BaseEstimator):
         d = X.shape[1]
         if self.scale is None:
             scale = np.ones(d)
+        elif isinstance(self.scale, str):
+            if self.scale != "auto":
+                raise ValueError(f"scale must be numbers, 'auto' or None, got {self.scale!r}")
+            from fedqhd.envs.registry import infer_obs_bound
+
+            scale = infer_obs_bound(X)
         else:
-            scale = np.asarray(self.scale, dtype=np.float64).reshape(-1)
-            if scale.shape != (d,) or not np.all(scale > 0):
-                raise ValueError(f"scale must be {d} positive numbers, got {self.scale!r}")
+            scale = check_scale(self.scale, d)
         rng = check_random_state(self.random_state)
         self.omega_ = rng.normal(0.0, np.sqrt(2.0 * self.gamma), size=(d, int(self.n_components)))
         self.offset_ = rng.uniform(0.0, 2.0 * np.pi, size=int(self.n_components))
@@ -92,6 +101,26 @@ class HDEncoder(TransformerMixin, BaseEstimator):
         np.cos(proj, out=proj)
         proj *= np.sqrt(2.0 / self.omega_.shape[1])
         return proj
+
+
+def check_scale(scale: object, d: int) -> np.ndarray:
+    """``scale`` as ``d`` positive finite float64 numbers, or a ``ValueError`` saying
+    which entries are not (an infinite scale would encode every state alike: a
+    constant policy; zero or negative ones divide by zero or flip coordinates)."""
+    try:
+        arr = np.asarray(scale, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise ValueError(f"scale must be {d} positive finite numbers, got {scale!r}") from None
+    if arr.shape != (d,):
+        raise ValueError(f"scale must be {d} positive finite numbers (one per input "
+                         f"coordinate), got {arr.size}: {scale!r}")
+    bad = ~np.isfinite(arr) | ~(arr > 0)
+    if bad.any():
+        idx = np.flatnonzero(bad).tolist()
+        raise ValueError(f"scale must be positive and finite; coordinates {idx} are "
+                         f"{arr[bad].tolist()} (an unbounded observation space needs a scale "
+                         "from data: scale='auto', or register the env with obs_bound='data')")
+    return arr
 
 
 @dataclass(frozen=True)

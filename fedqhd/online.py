@@ -159,8 +159,9 @@ class GymBatch:
         self.obs = np.zeros((n, get_spec(env_id).obs_dim), dtype=np.float32)
 
     def reset(self, idx: np.ndarray) -> np.ndarray:
-        for i in idx:
-            self.obs[i], _ = self.envs[i].reset(seed=int(self.rng.integers(2**31 - 1)))
+        for i in idx:  # unwrapped: no flattening wrapper, so flatten here (rank > 1 Box)
+            obs, _ = self.envs[i].reset(seed=int(self.rng.integers(2**31 - 1)))
+            self.obs[i] = np.asarray(obs).reshape(-1)
         return self.obs[idx].copy()
 
     def step(self, actions: np.ndarray, active: np.ndarray | None = None
@@ -168,7 +169,8 @@ class GymBatch:
         n = len(self.envs)
         rewards, terminated = np.zeros(n), np.zeros(n, dtype=bool)
         for i in (range(n) if active is None else np.flatnonzero(active)):
-            self.obs[i], rewards[i], terminated[i], _, _ = self.envs[i].step(int(actions[i]))
+            obs, rewards[i], terminated[i], _, _ = self.envs[i].step(int(actions[i]))
+            self.obs[i] = np.asarray(obs).reshape(-1)
         return self.obs.copy(), rewards, terminated
 
 

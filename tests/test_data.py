@@ -273,6 +273,12 @@ def _bad_cases(s: Shard) -> dict[str, tuple[dict, str]]:
         "meta_types": ({"metadata": _meta(s, dynamics=[1])}, "'dynamics' must be a JSON dict"),
         "env_mismatch": (
             {"metadata": _meta(s, env_id="Acrobot-v1")},
+            r"env spec mismatch: .* but Acrobot-v1 here has .*obs_shape: shard \[4\], env \[6\]",
+        ),
+        "env_mismatch_unrecorded": (  # a shard of older code, without env_spec
+            {"metadata": np.array(json.dumps({k: v for k, v in
+                                              {**s.metadata, "env_id": "Acrobot-v1"}.items()
+                                              if k != "env_spec"}))},
             "observations has obs_dim 4, but Acrobot-v1 observations have 6",
         ),
     }

@@ -2,9 +2,11 @@
 
 See :mod:`fedqhd.data.shard` for the file schema and ``docs/data.md`` for an
 overview. ``fedqhd data generate|inspect`` (:mod:`fedqhd.data.cli`) writes and
-checks shard folders for deployments.
+checks shard folders for deployments; :func:`shards_from_arrays` (``fedqhd data
+import``) turns a user's own transition arrays into shards.
 """
 
+from fedqhd.data.arrays import IMPORT_KIND, episode_ids_from_flags, shards_from_arrays
 from fedqhd.data.collect import BEHAVIOUR_KIND, collect_shard
 from fedqhd.data.partition import (
     CACHE_ENV_VAR,
@@ -31,12 +33,14 @@ __all__ = [
     "BEHAVIOUR_KIND",
     "CACHE_ENV_VAR",
     "FORMAT_VERSION",
+    "IMPORT_KIND",
     "PARTITIONS",
     "Shard",
     "ShardError",
     "client_shard",
     "collect_shard",
     "default_cache_dir",
+    "episode_ids_from_flags",
     "generate_client_shard",
     "load_shard",
     "partition_settings",
@@ -44,4 +48,5 @@ __all__ = [
     "save_shard",
     "shard_filename",
     "shard_seed",
+    "shards_from_arrays",
 ]

@@ -5,6 +5,11 @@
 ``shards/manifest.json`` (the settings and a summary and sha256 of every file).
 ``fedqhd data inspect PATH`` validates a shard file, or every shard in a folder,
 and prints a summary; it exits with 1 on the first invalid file.
+``fedqhd data import --npz FILE --env ID --num-partitions N --out DIR`` turns a
+user's own transitions (arrays named as in the shard schema; ``episode_ids``
+optional) into the same shard folder (:func:`fedqhd.data.shards_from_arrays`).
+``--env-module MODULE`` imports a module that registers the user's environments
+first (as the run-config key ``env-module`` does in a run).
 """
 
 from __future__ import annotations
@@ -14,26 +19,33 @@ import hashlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from fedqhd.data.partition import PARTITIONS, generate_client_shard, shard_filename
 from fedqhd.data.shard import FORMAT_VERSION, Shard, ShardError, load_shard, save_shard
-from fedqhd.envs import ENV_IDS, get_spec
+from fedqhd.envs import get_spec, is_registered, load_env_modules
 
 __all__ = ["MANIFEST_NAME", "register"]
 
 MANIFEST_NAME = "manifest.json"
 
 
+ENV_HELP = "a registered env id (the four tasks, or one registered by --env-module)"
+ENV_MODULE_HELP = ("module(s) to import first, comma-separated; importing registers your "
+                   "environments (as run-config key env-module)")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``data`` command (``generate``, ``inspect``) to the ``fedqhd`` parser."""
-    data = subparsers.add_parser("data", help="generate and inspect private trajectory shards")
+    """Add the ``data`` command (``generate``, ``inspect``, ``import``) to the parser."""
+    data = subparsers.add_parser("data", help="generate, import and inspect trajectory shards")
     sub = data.add_subparsers(dest="data_command", required=True)
 
     gen = sub.add_parser("generate", help="write shard-<i>.npz for every client + manifest.json")
-    gen.add_argument("--env", default="CartPole-v1", choices=ENV_IDS)
+    gen.add_argument("--env", default="CartPole-v1", help=ENV_HELP)
+    gen.add_argument("--env-module", default="", help=ENV_MODULE_HELP)
     gen.add_argument("--partition", default="behaviour-skew", choices=PARTITIONS)
     gen.add_argument("--num-partitions", type=int, default=5, help="number of clients")
     gen.add_argument("--episodes", type=int, default=5, help="episodes per client")
@@ -46,8 +58,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     ins = sub.add_parser("inspect", help="validate shard file(s) and print a summary")
     ins.add_argument("path", type=Path, help="a shard .npz, or a folder of shard-<i>.npz")
-    ins.add_argument("--env", default=None, choices=ENV_IDS, help="require this environment")
+    ins.add_argument("--env", default=None, help="require this environment")
+    ins.add_argument("--env-module", default="", help=ENV_MODULE_HELP)
     ins.set_defaults(func=cmd_inspect)
+
+    imp = sub.add_parser("import", help="shards from your own transitions (.npz of arrays)")
+    imp.add_argument("--npz", required=True, type=Path,
+                     help="arrays observations, actions, rewards, next_observations, "
+                     "terminated, truncated (episode_ids optional: else from the done flags)")
+    imp.add_argument("--env", required=True, help=ENV_HELP)
+    imp.add_argument("--env-module", default="", help=ENV_MODULE_HELP)
+    imp.add_argument("--num-partitions", type=int, default=1, help="number of clients")
+    imp.add_argument("--partition-key", default=None, metavar="ARRAY",
+                     help="name of an array in the .npz giving each transition's client "
+                     "(default: whole episodes dealt iid with --seed)")
+    imp.add_argument("--seed", type=int, default=0)
+    imp.add_argument("--out", required=True, type=Path, help="output folder")
+    imp.add_argument("--force", action="store_true", help="overwrite existing shard files")
+    imp.set_defaults(func=cmd_import)
+
+
+def _load_env(args: argparse.Namespace) -> str | None:
+    """Import --env-module and check --env; an error message, or None."""
+    try:
+        load_env_modules(getattr(args, "env_module", ""))
+    except ImportError as exc:
+        return f"--env-module: {exc}"
+    env = getattr(args, "env", None)
+    if env is not None and not is_registered(env):
+        try:
+            get_spec(env)
+        except ValueError as exc:
+            return f"--env: {exc}"
+    return None
 
 
 def _sha256(path: Path) -> str:
@@ -58,6 +101,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Generate every client's shard into ``args.out``; return the exit code."""
     if args.num_partitions < 1 or args.episodes < 1:
         print("error: --num-partitions and --episodes must be >= 1", file=sys.stderr)
+        return 2
+    problem = _load_env(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     out: Path = args.out
     targets = [out / shard_filename(i) for i in range(args.num_partitions)]
@@ -121,7 +168,8 @@ def summarize(shard: Shard) -> str:
         f" max {returns.max():.2f}",
         f"  actions {np.bincount(shard.actions, minlength=n_actions).tolist()} (counts per action)",
     ]
-    for key in ("behaviour", "dynamics", "partition", "partition_id", "num_partitions", "seed"):
+    for key in ("behaviour", "dynamics", "partition", "partition_id", "num_partitions", "seed",
+                "env_spec"):
         if key in meta:
             lines.append(f"  {key}: {json.dumps(meta[key])}")
     return "\n".join(lines)
@@ -129,6 +177,10 @@ def summarize(shard: Shard) -> str:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Validate and summarise ``args.path`` (file or folder); return the exit code."""
+    problem = _load_env(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     path: Path = args.path
     if path.is_dir():
         files = sorted(path.glob("shard-*.npz"), key=lambda p: (len(p.name), p.name))
@@ -145,4 +197,62 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             return 1
         print(f"{file}: ok")
         print(summarize(shard))
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Turn ``args.npz``'s arrays into shards in ``args.out``; return the exit code."""
+    from fedqhd.data.arrays import shards_from_arrays
+
+    problem = _load_env(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.num_partitions < 1:
+        print("error: --num-partitions must be >= 1", file=sys.stderr)
+        return 2
+    out: Path = args.out
+    targets = [out / shard_filename(i) for i in range(args.num_partitions)]
+    existing = [str(p) for p in [*targets, out / MANIFEST_NAME] if p.exists()]
+    if existing and not args.force:
+        print(f"error: would overwrite {', '.join(existing)} (use --force)", file=sys.stderr)
+        return 2
+    try:
+        with np.load(args.npz, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+    except (OSError, ValueError) as exc:
+        print(f"error: {args.npz}: cannot read a .npz archive ({exc})", file=sys.stderr)
+        return 2
+    names = ("observations", "actions", "rewards", "next_observations", "terminated",
+             "truncated")
+    missing = [k for k in names if k not in arrays]
+    if args.partition_key and args.partition_key not in arrays:
+        missing.append(args.partition_key)
+    if missing:
+        print(f"error: {args.npz} lacks arrays: {', '.join(missing)} (has: "
+              f"{', '.join(sorted(arrays))})", file=sys.stderr)
+        return 2
+    partition = arrays[args.partition_key] if args.partition_key else "iid"
+    try:
+        shards = shards_from_arrays(**{k: arrays[k] for k in names},
+                                    episode_ids=arrays.get("episode_ids"), env_id=args.env,
+                                    num_partitions=args.num_partitions,
+                                    partition=partition, seed=args.seed,
+                                    metadata={"source": str(args.npz)})
+        entries: list[dict[str, Any]] = []
+        for i, (shard, path) in enumerate(zip(shards, targets, strict=True)):
+            save_shard(shard, path)
+            entries.append({"file": path.name, "partition_id": i,
+                            "n_transitions": shard.n_transitions,
+                            "n_episodes": shard.n_episodes, "sha256": _sha256(path)})
+    except ValueError as exc:  # ShardError included
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    settings = {"env_id": args.env, "source": str(args.npz), "num_partitions": args.num_partitions,
+                "partition": args.partition_key or "iid", "seed": args.seed}
+    manifest = {"format_version": FORMAT_VERSION, "settings": settings, "shards": entries}
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    total = sum(e["n_transitions"] for e in entries)
+    print(f"wrote {len(entries)} shards ({total} transitions of {len(arrays['actions'])}) and "
+          f"{MANIFEST_NAME} to {out}")
     return 0

@@ -11,7 +11,15 @@ from typing import Any
 import numpy as np
 
 from fedqhd.data.shard import FORMAT_VERSION, Shard
-from fedqhd.envs import episode_seeds, get_spec, heuristic_action, iter_episode, make_env
+from fedqhd.envs import (
+    episode_seeds,
+    get_spec,
+    has_heuristic,
+    heuristic_action,
+    iter_episode,
+    make_env,
+    spec_record,
+)
 from fedqhd.envs.classic import validate_dynamics
 from fedqhd.seeding import behaviour_rng
 
@@ -37,11 +45,12 @@ def collect_shard(
     Parameters
     ----------
     env_id : str
-        One of :data:`fedqhd.envs.ENV_IDS`.
+        A registered env (:data:`fedqhd.envs.ENV_IDS`).
     n_episodes : int
         Number of complete episodes (>= 1).
     epsilon : float
-        Probability of a random action, in ``[0, 1]``.
+        Probability of a random action, in ``[0, 1]``; must be 1 for an env
+        registered without a heuristic controller.
     seed : int
         Determines initial states (via :func:`fedqhd.envs.episode_seeds`) and the
         behaviour's coin flips: the same arguments give identical shards.
@@ -55,13 +64,16 @@ def collect_shard(
     -------
     Shard
         With metadata ``format_version``, ``env_id``, ``behaviour``, ``seed``,
-        ``dynamics`` (complete, defaults filled in) and ``n_episodes``.
+        ``dynamics`` (complete, defaults filled in), ``n_episodes`` and ``env_spec``.
     """
     spec = get_spec(env_id)
     if int(n_episodes) != n_episodes or n_episodes < 1:
         raise ValueError(f"n_episodes must be a positive integer, got {n_episodes!r}")
     if not 0.0 <= float(epsilon) <= 1.0:
         raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
+    if float(epsilon) < 1.0 and not has_heuristic(env_id):
+        raise ValueError(f"{env_id}: no heuristic controller registered, so epsilon must be "
+                         f"1.0 (uniform random behaviour), got {epsilon!r}")
     params = validate_dynamics(env_id, dynamics)
     metadata: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
@@ -70,6 +82,7 @@ def collect_shard(
         "seed": int(seed),
         "dynamics": params,
         "n_episodes": int(n_episodes),
+        "env_spec": spec_record(env_id),
     }
     clash = sorted(set(metadata) & set(metadata_extra or {}))
     if clash:

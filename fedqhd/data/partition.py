@@ -31,7 +31,7 @@ from typing import Any
 
 from fedqhd.data.collect import collect_shard
 from fedqhd.data.shard import FORMAT_VERSION, Shard, ShardError, load_shard, save_shard
-from fedqhd.envs import get_spec
+from fedqhd.envs import get_spec, spec_fingerprint
 from fedqhd.seeding import dynamics_rng, shard_seed
 
 __all__ = [
@@ -51,7 +51,7 @@ PARTITIONS: tuple[str, ...] = ("iid", "behaviour-skew", "dynamics-skew")
 CACHE_ENV_VAR = "FEDQHD_CACHE_DIR"
 
 #: bump when collection changes so that cached shards of older code are not reused
-_GENERATOR_VERSION = 1
+_GENERATOR_VERSION = 2  # 2: shards record env_spec
 
 
 def _check_partition(partition: str, partition_id: int, num_partitions: int) -> None:
@@ -265,6 +265,7 @@ def client_shard(
         "seed": int(seed),
         "epsilon_min": float(epsilon_min),
         "epsilon_max": float(epsilon_max),
+        "env_spec": spec_fingerprint(env_id),  # a re-registered env gets fresh shards
     }
     path = _cache_path(Path(cache_dir) if cache_dir else default_cache_dir(), settings)
     if path.is_file():

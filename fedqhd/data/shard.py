@@ -23,14 +23,23 @@ key                    shape      dtype    meaning
 real, non-terminal state. Both flags may be true on the same step.
 
 ``metadata`` (JSON object). Required: ``format_version`` (int, currently
-:data:`FORMAT_VERSION`) and ``env_id`` (one of :data:`fedqhd.envs.ENV_IDS`).
-Written by :func:`fedqhd.data.collect_shard` (and checked when present):
+:data:`FORMAT_VERSION`) and ``env_id`` (a registered env, :data:`fedqhd.envs.ENV_IDS`;
+a user's env is registered by importing the module that registers it, see
+``env-module``). Written by :func:`fedqhd.data.collect_shard` and
+:func:`fedqhd.data.shards_from_arrays` (and checked when present): ``env_spec``
+(object: ``env_id``, ``obs_shape``, ``n_actions``, ``obs_bound`` and their
+``fingerprint``, :func:`fedqhd.envs.spec_record`; a shard is refused when the
+env it is loaded with has another spec),
 ``n_episodes`` (int, must equal the number of distinct episode ids),
 ``behaviour`` (object, e.g. ``{"kind": "epsilon-heuristic", "epsilon": 0.9}``),
 ``seed`` (int, the collection seed), ``dynamics`` (object, every physical
 parameter of the env). Client shards add ``partition``, ``partition_id``,
 ``num_partitions``, ``base_seed`` (the run seed), ``epsilon_min`` and
 ``epsilon_max``.
+
+Observations (and next observations) must lie in the env's observation space
+where its bounds are finite: data of another environment labelled with this
+env's id is refused.
 
 Loading (:func:`load_shard`) validates all of the above; any violation raises
 :class:`ShardError` naming the file and the problem. Nothing is dropped, cast
@@ -49,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from fedqhd.envs import get_spec
+from fedqhd.envs import get_spec, space_bounds, spec_record
 
 __all__ = [
     "FORMAT_VERSION",
@@ -178,10 +187,44 @@ def _validate_metadata(meta: Any, source: str, expected_env_id: str | None) -> i
         raise _fail(source, f"metadata env_id: {exc}") from None
     if expected_env_id is not None and env_id != expected_env_id:
         raise _fail(source, f"env mismatch: shard is {env_id!r}, expected {expected_env_id!r}")
-    for key, kind in (("behaviour", dict), ("dynamics", dict), ("n_episodes", int)):
+    for key, kind in (("behaviour", dict), ("dynamics", dict), ("n_episodes", int),
+                      ("env_spec", dict)):
         if key in meta and (not isinstance(meta[key], kind) or isinstance(meta[key], bool)):
             raise _fail(source, f"metadata {key!r} must be a JSON {kind.__name__}")
+    if "env_spec" in meta:
+        _check_env_spec(meta["env_spec"], env_id, source)
     return spec.n_actions
+
+
+def _check_env_spec(recorded: dict[str, Any], env_id: str, source: str) -> None:
+    """Refuse a shard made for another spec than the one ``env_id`` has here."""
+    current = spec_record(env_id)
+    if recorded.get("fingerprint") == current["fingerprint"]:
+        return
+    differ = [k for k in ("env_id", "obs_shape", "n_actions", "obs_bound")
+              if recorded.get(k) != current[k]]
+    detail = "; ".join(f"{k}: shard {recorded.get(k)!r}, env {current[k]!r}" for k in differ)
+    raise _fail(source, f"env spec mismatch: the shard was made for env spec "
+                        f"{recorded.get('fingerprint')!r}, but {env_id} here has "
+                        f"{current['fingerprint']!r} ({detail or 'fingerprint differs'})")
+
+
+def _check_in_space(arrays: dict[str, np.ndarray], env_id: str, source: str) -> None:
+    """Observations outside the env's finite Box bounds are not of this env."""
+    low, high = space_bounds(env_id)
+    if low.shape != (arrays["observations"].shape[1],):
+        return
+    tol_low = low - 1e-5 * (1.0 + np.abs(low))
+    tol_high = high + 1e-5 * (1.0 + np.abs(high))
+    for key in ("observations", "next_observations"):
+        out = (arrays[key] < tol_low) | (arrays[key] > tol_high)
+        if out.any():
+            row, col = (int(i) for i in np.argwhere(out)[0])
+            raise _fail(source, f"{key} outside {env_id}'s observation space: "
+                                f"{int(out.sum())} values (first: row {row}, coordinate {col}: "
+                                f"{float(arrays[key][row, col]):.6g} not in "
+                                f"[{low[col]:.6g}, {high[col]:.6g}]); is this data of "
+                                f"another environment?")
 
 
 def _validate(
@@ -225,6 +268,7 @@ def _validate(
             raise _fail(
                 source, f"{key} has {int(bad.sum())} non-finite values (first in row {row})"
             )
+    _check_in_space(arrays, meta["env_id"], source)
     actions = arrays["actions"]
     out = (actions < 0) | (actions >= n_actions)
     if out.any():
@@ -373,7 +417,7 @@ def pooled(shards: list[Shard]) -> Shard:
         for key in ARRAY_SCHEMA
         if key != "episode_ids"
     }
-    metadata = {
+    metadata: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "env_id": env_ids[0],
         "n_episodes": offset,

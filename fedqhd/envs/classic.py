@@ -1,7 +1,9 @@
-"""The four gymnasium control tasks: specs, dynamics variants, heuristic controllers.
+"""The four gymnasium control tasks (entries of :mod:`fedqhd.envs.registry`), and
+what every registered environment offers: dynamics variants, heuristics, rollouts.
 
-Everything the data layer and the evaluator need to know about an environment
-lives here, in one table per concern, so that a new task is one entry in each:
+The built-in tasks are registered here with their specs, dynamics setters and
+heuristic controllers; a user's environments are added with
+:func:`fedqhd.envs.register_env` and go through the same functions:
 
 * :class:`EnvSpec` -- dimensions, observation scale (for the HD encoder), time
   limit, and the physical parameters a ``dynamics-skew`` partition may vary,
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,14 +33,18 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.box2d.lunar_lander import heuristic as _lunar_heuristic
 
+from fedqhd.envs import registry
+from fedqhd.envs.registry import ENV_IDS, EnvSpec, get_spec
 from fedqhd.seeding import episode_rng
 
 __all__ = [
+    "BUILTIN_ENV_IDS",
     "ENV_IDS",
     "EnvSpec",
     "Transition",
     "episode_seeds",
     "get_spec",
+    "has_heuristic",
     "heuristic_action",
     "iter_episode",
     "make_env",
@@ -47,43 +53,11 @@ __all__ = [
     "validate_dynamics",
 ]
 
-ENV_IDS: tuple[str, ...] = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "LunarLander-v3")
+#: the four built-in control tasks (:data:`ENV_IDS` also lists the user's)
+BUILTIN_ENV_IDS: tuple[str, ...] = (
+    "CartPole-v1", "Acrobot-v1", "MountainCar-v0", "LunarLander-v3")
 
 Policy = Callable[[np.ndarray], int]
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """Static facts about one task.
-
-    Attributes
-    ----------
-    env_id : str
-        Gymnasium id.
-    obs_dim : int
-        Length of an observation vector.
-    n_actions : int
-        Number of discrete actions (actions are ``0 .. n_actions - 1``).
-    obs_bound : np.ndarray
-        Positive per-dimension scale, shape ``(obs_dim,)``: ``obs / obs_bound``
-        lies roughly in ``[-1, 1]`` on the states a reasonable policy visits
-        (CartPole: the FedQHD paper's bounds). Not a hard clip.
-    max_episode_steps : int
-        Time limit; reaching it truncates (it does not terminate) an episode.
-    dynamics_ranges : dict[str, tuple[float, float]]
-        Physical parameters that ``dynamics-skew`` varies, with closed ranges in
-        which the heuristic controller still solves the task.
-    dynamics_defaults : dict[str, float]
-        The stock gymnasium values of those parameters.
-    """
-
-    env_id: str
-    obs_dim: int
-    n_actions: int
-    obs_bound: np.ndarray
-    max_episode_steps: int
-    dynamics_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
-    dynamics_defaults: dict[str, float] = field(default_factory=dict)
 
 
 def _bound(*values: float) -> np.ndarray:
@@ -150,29 +124,6 @@ _SPECS: dict[str, EnvSpec] = {
         ),
     )
 }
-
-
-def get_spec(env_id: str) -> EnvSpec:
-    """Return the :class:`EnvSpec` of a supported task.
-
-    Parameters
-    ----------
-    env_id : str
-        One of :data:`ENV_IDS`.
-
-    Returns
-    -------
-    EnvSpec
-
-    Raises
-    ------
-    ValueError
-        If ``env_id`` is not supported; the message lists the valid ids.
-    """
-    try:
-        return _SPECS[env_id]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown env id {env_id!r}; valid ids: {', '.join(ENV_IDS)}") from None
 
 
 def validate_dynamics(env_id: str, dynamics: dict[str, float] | None) -> dict[str, float]:
@@ -254,22 +205,22 @@ _APPLY: dict[str, Callable[[gym.Env, dict[str, float]], None]] = {
 def make_env(
     env_id: str, dynamics: dict[str, float] | None = None, render_mode: str | None = None
 ) -> gym.Env:
-    """Create a task with (optionally) modified physical parameters.
+    """Create a registered env with (optionally) modified physical parameters.
 
     Parameters
     ----------
     env_id : str
-        One of :data:`ENV_IDS`.
+        A registered id (:data:`ENV_IDS`).
     dynamics : dict[str, float] or None
         Overrides of parameters in :attr:`EnvSpec.dynamics_ranges`; missing ones
         keep the stock value.
     render_mode : str or None
-        Passed to :func:`gymnasium.make`.
+        Passed to the env's constructor only when given.
 
     Returns
     -------
     gymnasium.Env
-        The env with the stock ``TimeLimit`` wrapper.
+        With a time limit, and observations flattened to vectors.
 
     Raises
     ------
@@ -277,17 +228,15 @@ def make_env(
         On an unknown env id or an invalid dynamics override.
     """
     params = validate_dynamics(env_id, dynamics)
-    if env_id == "LunarLander-v3":
-        return gym.make(
-            env_id,
-            render_mode=render_mode,
-            gravity=params["gravity"],
-            enable_wind=params["wind_power"] > 0.0,
-            wind_power=params["wind_power"],
-        )
-    env = gym.make(env_id, render_mode=render_mode)
-    _APPLY[env_id](env, params)
-    return env
+    return registry.build_env(env_id, params, render_mode)
+
+
+def _lunar_lander_kwargs(params: dict[str, float]) -> dict[str, Any]:
+    # LunarLander takes its parameters in the constructor
+    if not params:
+        return {}
+    return {"gravity": params["gravity"], "enable_wind": params["wind_power"] > 0.0,
+            "wind_power": params["wind_power"]}
 
 
 def _cartpole_heuristic(obs: np.ndarray) -> int:
@@ -321,6 +270,16 @@ _HEURISTICS: dict[str, Policy] = {
     "LunarLander-v3": _lunar_lander_heuristic,
 }
 
+for _spec in _SPECS.values():
+    registry._register_builtin(
+        _spec, _HEURISTICS[_spec.env_id], apply_dynamics=_APPLY.get(_spec.env_id),
+        make_kwargs=_lunar_lander_kwargs if _spec.env_id == "LunarLander-v3" else None)
+
+
+def has_heuristic(env_id: str) -> bool:
+    """Whether ``env_id`` has a heuristic controller (needed by behaviour epsilon < 1)."""
+    return registry.get_entry(env_id).heuristic is not None
+
 
 def heuristic_action(env_id: str, obs: np.ndarray) -> int:
     """Action of the task's simple controller.
@@ -328,7 +287,7 @@ def heuristic_action(env_id: str, obs: np.ndarray) -> int:
     Parameters
     ----------
     env_id : str
-        One of :data:`ENV_IDS`.
+        A registered id with a heuristic.
     obs : np.ndarray
         Observation of shape ``(obs_dim,)``.
 
@@ -336,9 +295,18 @@ def heuristic_action(env_id: str, obs: np.ndarray) -> int:
     -------
     int
         Action in ``0 .. n_actions - 1``.
+
+    Raises
+    ------
+    ValueError
+        If the id is unknown or has no heuristic controller.
     """
-    get_spec(env_id)
-    return _HEURISTICS[env_id](np.asarray(obs))
+    heuristic = registry.get_entry(env_id).heuristic
+    if heuristic is None:
+        raise ValueError(f"{env_id}: no heuristic controller registered; collect its data "
+                         "with random behaviour (epsilon 1.0: run-config epsilon-min=1.0 "
+                         "epsilon-max=1.0) or pass heuristic=... to register_env")
+    return int(heuristic(np.asarray(obs)))
 
 
 def episode_seeds(seed: int, n_episodes: int) -> np.ndarray:
@@ -391,7 +359,7 @@ def rollout_returns(
     Parameters
     ----------
     env_id : str
-        One of :data:`ENV_IDS`.
+        A registered id (:data:`ENV_IDS`).
     policy : callable
         Maps an observation to an action.
     n_episodes : int

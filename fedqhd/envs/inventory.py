@@ -432,3 +432,8 @@ class InventoryEnv(gym.Env):
 
 if ENV_ID not in gym.registry:
     gym.register(id=ENV_ID, entry_point="fedqhd.envs.inventory:InventoryEnv")
+
+# an entry of the fedqhd env registry (kind "pool": no discrete actions, no EnvSpec)
+from fedqhd.envs import registry as _registry  # noqa: E402 (after the gymnasium registration)
+
+_registry._register_task(ENV_ID, "pool", "the POOL learner's inventory MDP (learner='pool')")

@@ -26,7 +26,7 @@ from fedqhd.anchors import make_anchors
 from fedqhd.config import RunConfig
 from fedqhd.data import Shard, client_shard
 from fedqhd.encoders import HDEncoder, heterogeneous_encoder_params, shared_encoder_params
-from fedqhd.envs import ENV_IDS, batch_rollout_returns, get_spec
+from fedqhd.envs import ENV_IDS, batch_rollout_returns, get_spec, has_heuristic
 from fedqhd.learners.base import Arrays, Metrics, ServerPlan, env_problem, partition
 from fedqhd.readout import RidgeFQI, RidgeSystem, StreamingRidgeFQI, chunked_grams
 from fedqhd.seeding import SERVER, anchor_seed, evaluation_seed
@@ -291,7 +291,23 @@ class FQI:
     log_label = "fedqhd"
 
     def check_config(self, cfg: RunConfig) -> str | None:
-        return env_problem(self.name, ENV_IDS, cfg.env_id)
+        problem = env_problem(self.name, tuple(ENV_IDS), cfg.env_id)
+        if problem:
+            return problem
+        try:
+            spec = get_spec(cfg.env_id)  # a registered env that cannot be used fails here
+        except ValueError as exc:
+            return f"run-config key 'env-id' = {cfg.env_id!r}: {exc}"
+        generated = cfg.protocol == "offline" and not cfg.data_dir
+        if generated and cfg.epsilon_min < 1.0 and not has_heuristic(cfg.env_id):
+            return (f"run-config keys 'epsilon-min' = {cfg.epsilon_min} and 'env-id' = "
+                    f"{cfg.env_id!r}: the env has no heuristic controller, so generated shards "
+                    "need random behaviour: set epsilon-min=1.0 epsilon-max=1.0 (or register "
+                    "a heuristic, or give data-dir)")
+        if cfg.partition == "dynamics-skew" and not spec.dynamics_ranges:
+            return (f"run-config key 'partition' = 'dynamics-skew' needs an env with dynamics "
+                    f"parameters; {cfg.env_id!r} registers none")
+        return None
 
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
         spec = get_spec(cfg.env_id)

@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedqhd.config import RunConfig
+from fedqhd.config import ConfigError, RunConfig
 from fedqhd.learners import get_learner
 from fedqhd.seeding import seed_globals
 from fedqhd.server.results import RunRecorder, new_run_dir
@@ -31,7 +31,14 @@ class RunFailed(RuntimeError):
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    final, out_dir = run_federation(grid, RunConfig.from_run_config(context.run_config))
+    """Parse the run config first (importing ``env-module``): a bad key raises
+    :class:`~fedqhd.config.ConfigError` naming it, and Flower marks the run failed."""
+    try:
+        cfg = RunConfig.from_run_config(context.run_config)
+    except ConfigError as exc:
+        log(ERROR, "fedqhd: invalid run config, the run stops: %s", exc)
+        raise
+    final, out_dir = run_federation(grid, cfg)
     if final.get("status") == "failed":
         # Flower 1.42 logs a ServerApp exception, marks the run "finished:failed" with the
         # message as its details, and exits flwr-serverapp with a non-zero code
