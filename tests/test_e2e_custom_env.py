@@ -8,27 +8,16 @@ private FLWR_HOME, and stops it, with everything it spawned, by process group.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_env"
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _flwr(args: list[str], env: dict, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -37,67 +26,40 @@ def _flwr(args: list[str], env: dict, timeout: float = 400) -> subprocess.Comple
 
 
 @pytest.mark.slow
-def test_custom_env_under_flwr_run(tmp_path: Path, monkeypatch) -> None:
-    http_port, control_port = _free_port(), _free_port()
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-               FLWR_HOME=str(tmp_path / "flwr-home"),
-               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port),
-               FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
-               FLWR_DISABLE_UPDATE_CHECK="1", RAY_DEDUP_LOGS="0",
-               FEDQHD_CACHE_DIR=str(tmp_path / "cache"))
-    link = subprocess.Popen(
-        [str(BIN / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
-         "--control-api-address", f"127.0.0.1:{control_port}", "--host", "127.0.0.1",
-         "--port", str(http_port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+def test_custom_env_under_flwr_run(tmp_path: Path, monkeypatch,
+                                  local_superlink: dict[str, str]) -> None:
+    env = local_superlink
     out_dir = tmp_path / "outputs"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=0.5).is_success:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert link.poll() is None, "flower-superlink exited early"
-            assert time.monotonic() < deadline, "SuperLink not healthy after 60 s"
-            time.sleep(0.3)
-        fed = ["--federation-config", "num-supernodes=3 client-resources-num-cpus=1"]
-        run_config = ("env-module='my_env' env-id='MyEnv-v0' partition='iid' epsilon-min=1.0 "
-                      f"epsilon-max=1.0 num-server-rounds=3 hd-dim=500 output-dir='{out_dir}'")
-        proc = _flwr(["run", ".", "--stream", *fed, "--run-config", run_config], env)
-        log = proc.stdout + proc.stderr
-        assert proc.returncode == 0, log[-4000:]
-        results = sorted(out_dir.glob("*/*/results.json"))
-        assert len(results) == 1, f"no results.json under {out_dir}\n{log[-4000:]}"
-        data = json.loads(results[0].read_text())
-        assert [r["replies-ok"] for r in data["rounds"]] == [3, 3, 3]
-        monkeypatch.syspath_prepend(str(EXAMPLE))
-        import my_env  # noqa: F401 (registers MyEnv-v0 here, for the random baseline)
+    fed = ["--federation-config", "num-supernodes=3 client-resources-num-cpus=1"]
+    run_config = ("env-module='my_env' env-id='MyEnv-v0' partition='iid' epsilon-min=1.0 "
+                  f"epsilon-max=1.0 num-server-rounds=3 hd-dim=500 output-dir='{out_dir}'")
+    proc = _flwr(["run", ".", "--stream", *fed, "--run-config", run_config], env)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    results = sorted(out_dir.glob("*/*/results.json"))
+    assert len(results) == 1, f"no results.json under {out_dir}\n{log[-4000:]}"
+    data = json.loads(results[0].read_text())
+    assert [r["replies-ok"] for r in data["rounds"]] == [3, 3, 3]
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    import my_env  # noqa: F401 (registers MyEnv-v0 here, for the random baseline)
 
-        from fedqhd.envs import rollout_returns
+    from fedqhd.envs import rollout_returns
 
-        rng = np.random.default_rng(0)
-        random = rollout_returns("MyEnv-v0", lambda o: int(rng.integers(2)), 10, seed=1).mean()
-        assert data["final"]["return-mean"] > random + 40, (data["final"], random)
+    rng = np.random.default_rng(0)
+    random = rollout_returns("MyEnv-v0", lambda o: int(rng.integers(2)), 10, seed=1).mean()
+    assert data["final"]["return-mean"] > random + 40, (data["final"], random)
 
-        # a typo in env-id: the run ends, marked failed, with the key named in its log
-        typo = run_config.replace("MyEnv-v0", "MyEnv-v9")
-        proc = _flwr(["run", ".", "--format", "json", *fed, "--run-config", typo], env)
-        run_id = json.loads(proc.stdout)["run-id"]
-        deadline = time.monotonic() + 300
-        while True:
-            listing = _flwr(["ls", "--run-id", str(run_id), "--format", "json"], env, 60)
-            status = json.loads(listing.stdout)["runs"][0]["status"]
-            if status.startswith("finished") or time.monotonic() > deadline:
-                break
-            time.sleep(2)
-        assert "finished:failed" in status, status
-        logs = _flwr(["log", str(run_id), "--show"], env, 60)
-        assert "'env-id' = 'MyEnv-v9' is invalid" in logs.stdout + logs.stderr
-    finally:
-        try:
-            os.killpg(link.pid, signal.SIGTERM)
-            link.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(link.pid, signal.SIGKILL)
+    # a typo in env-id: the run ends, marked failed, with the key named in its log
+    typo = run_config.replace("MyEnv-v0", "MyEnv-v9")
+    proc = _flwr(["run", ".", "--format", "json", *fed, "--run-config", typo], env)
+    run_id = json.loads(proc.stdout)["run-id"]
+    deadline = time.monotonic() + 300
+    while True:
+        listing = _flwr(["ls", "--run-id", str(run_id), "--format", "json"], env, 60)
+        status = json.loads(listing.stdout)["runs"][0]["status"]
+        if status.startswith("finished") or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert "finished:failed" in status, status
+    logs = _flwr(["log", str(run_id), "--show"], env, 60)
+    assert "'env-id' = 'MyEnv-v9' is invalid" in logs.stdout + logs.stderr

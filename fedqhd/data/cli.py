@@ -38,6 +38,16 @@ ENV_MODULE_HELP = ("module(s) to import first, comma-separated; importing regist
                    "environments (as run-config key env-module)")
 
 
+def _would_overwrite(out: Path, targets: list[Path], force: bool) -> bool:
+    """Whether writing the shard files ``targets`` and the manifest to ``out`` would
+    replace files (and ``force`` is off); says which on stderr."""
+    existing = [str(p) for p in [*targets, out / MANIFEST_NAME] if p.exists()]
+    if existing and not force:
+        print(f"error: would overwrite {', '.join(existing)} (use --force)", file=sys.stderr)
+        return True
+    return False
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``data`` command (``generate``, ``inspect``, ``import``) to the parser."""
     data = subparsers.add_parser("data", help="generate, import and inspect trajectory shards")
@@ -108,9 +118,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return 2
     out: Path = args.out
     targets = [out / shard_filename(i) for i in range(args.num_partitions)]
-    existing = [str(p) for p in [*targets, out / MANIFEST_NAME] if p.exists()]
-    if existing and not args.force:
-        print(f"error: would overwrite {', '.join(existing)} (use --force)", file=sys.stderr)
+    if _would_overwrite(out, targets, args.force):
         return 2
     settings = {
         "env_id": args.env,
@@ -213,9 +221,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         return 2
     out: Path = args.out
     targets = [out / shard_filename(i) for i in range(args.num_partitions)]
-    existing = [str(p) for p in [*targets, out / MANIFEST_NAME] if p.exists()]
-    if existing and not args.force:
-        print(f"error: would overwrite {', '.join(existing)} (use --force)", file=sys.stderr)
+    if _would_overwrite(out, targets, args.force):
         return 2
     try:
         with np.load(args.npz, allow_pickle=False) as npz:
