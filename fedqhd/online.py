@@ -47,6 +47,7 @@ from fedqhd.envs import get_spec, make_env, validate_dynamics
 from fedqhd.readout import bellman_targets, value_range
 
 __all__ = [
+    "AcrobotBatch",
     "CartPoleBatch",
     "GymBatch",
     "MountainCarBatch",
@@ -149,6 +150,73 @@ class MountainCarBatch:
         return self.state.astype(np.float32), np.full(len(position), -1.0), terminated
 
 
+class AcrobotBatch:
+    """``n`` Acrobot-v1 environments stepped together with gymnasium's dynamics ("book"
+    equations, one RK4 step of dt = 0.2 with the torque held, angles wrapped to
+    [-pi, pi], velocities clipped; reward -1 per step, 0 on the terminating step).
+    Link masses and lengths follow :func:`fedqhd.envs.make_env` (centres of mass at
+    mid-length, moments of inertia 1)."""
+
+    dt = 0.2
+    max_vel_1, max_vel_2 = 4 * math.pi, 9 * math.pi
+
+    def __init__(self, n: int, rng: np.random.Generator,
+                 dynamics: dict[str, float] | None = None) -> None:
+        p = validate_dynamics("Acrobot-v1", dynamics)
+        self.m1, self.m2 = p["link_mass_1"], p["link_mass_2"]
+        self.l1 = p["link_length_1"]
+        self.lc1, self.lc2 = p["link_length_1"] / 2, p["link_length_2"] / 2
+        self.rng = rng
+        self.state = np.zeros((n, 4))
+
+    def reset(self, idx: np.ndarray) -> np.ndarray:
+        # gymnasium draws the start in float32 and integrates in float64
+        self.state[idx] = self.rng.uniform(-0.1, 0.1, size=(len(idx), 4)).astype(np.float32)
+        return self._obs(self.state[idx])
+
+    @staticmethod
+    def _obs(s: np.ndarray) -> np.ndarray:
+        return np.stack([np.cos(s[:, 0]), np.sin(s[:, 0]), np.cos(s[:, 1]), np.sin(s[:, 1]),
+                         s[:, 2], s[:, 3]], axis=1).astype(np.float32)
+
+    def _dsdt(self, s: np.ndarray, a: np.ndarray) -> np.ndarray:
+        m1, m2, l1, lc1, lc2 = self.m1, self.m2, self.l1, self.lc1, self.lc2
+        i1 = i2 = 1.0
+        g = 9.8
+        theta1, theta2, dtheta1, dtheta2 = s.T
+        d1 = m1 * lc1**2 + m2 * (l1**2 + lc2**2 + 2 * l1 * lc2 * np.cos(theta2)) + i1 + i2
+        d2 = m2 * (lc2**2 + l1 * lc2 * np.cos(theta2)) + i2
+        phi2 = m2 * lc2 * g * np.cos(theta1 + theta2 - math.pi / 2.0)
+        phi1 = (-m2 * l1 * lc2 * dtheta2**2 * np.sin(theta2)
+                - 2 * m2 * l1 * lc2 * dtheta2 * dtheta1 * np.sin(theta2)
+                + (m1 * lc1 + m2 * l1) * g * np.cos(theta1 - math.pi / 2) + phi2)
+        ddtheta2 = ((a + d2 / d1 * phi1 - m2 * l1 * lc2 * dtheta1**2 * np.sin(theta2) - phi2)
+                    / (m2 * lc2**2 + i2 - d2**2 / d1))
+        ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
+        return np.stack([dtheta1, dtheta2, ddtheta1, ddtheta2], axis=1)
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        torque = np.asarray(actions, dtype=np.float64) - 1.0  # (-1, 0, +1)
+        y0, dt = self.state, self.dt
+        dt2 = dt / 2.0
+        k1 = self._dsdt(y0, torque)
+        k2 = self._dsdt(y0 + dt2 * k1, torque)
+        k3 = self._dsdt(y0 + dt2 * k2, torque)
+        k4 = self._dsdt(y0 + dt * k3, torque)
+        ns = y0 + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+        for j in (0, 1):  # gymnasium's wrap(): subtract / add 2 pi until inside
+            col = ns[:, j]
+            while (col > math.pi).any():
+                col[col > math.pi] -= 2 * math.pi
+            while (col < -math.pi).any():
+                col[col < -math.pi] += 2 * math.pi
+        ns[:, 2] = np.minimum(np.maximum(ns[:, 2], -self.max_vel_1), self.max_vel_1)
+        ns[:, 3] = np.minimum(np.maximum(ns[:, 3], -self.max_vel_2), self.max_vel_2)
+        self.state = ns
+        terminated = -np.cos(ns[:, 0]) - np.cos(ns[:, 1] + ns[:, 0]) > 1.0
+        return self._obs(ns), np.where(terminated, 0.0, -1.0), terminated
+
+
 class GymBatch:
     """Fallback: ``n`` unwrapped gymnasium envs stepped one after another."""
 
@@ -172,7 +240,8 @@ class GymBatch:
         return self.obs.copy(), rewards, terminated
 
 
-_BATCH = {"CartPole-v1": CartPoleBatch, "MountainCar-v0": MountainCarBatch}
+_BATCH = {"CartPole-v1": CartPoleBatch, "MountainCar-v0": MountainCarBatch,
+          "Acrobot-v1": AcrobotBatch}
 
 
 def make_batch_env(env_id: str, n: int, rng: np.random.Generator,

@@ -6,6 +6,7 @@ import pytest
 from fedqhd.encoders import HDEncoder
 from fedqhd.envs import get_spec, make_env
 from fedqhd.online import (
+    AcrobotBatch,
     CartPoleBatch,
     MountainCarBatch,
     OnlineClient,
@@ -17,7 +18,9 @@ from fedqhd.readout import value_range
 STEPPERS = [("CartPole-v1", CartPoleBatch, None),
             ("CartPole-v1", CartPoleBatch, {"length": 0.8, "masspole": 0.2}),
             ("MountainCar-v0", MountainCarBatch, None),
-            ("MountainCar-v0", MountainCarBatch, {"force": 0.0012})]
+            ("MountainCar-v0", MountainCarBatch, {"force": 0.0012}),
+            ("Acrobot-v1", AcrobotBatch, None),
+            ("Acrobot-v1", AcrobotBatch, {"link_mass_1": 1.2, "link_length_2": 0.8})]
 
 
 @pytest.mark.parametrize("env_id,cls,dynamics", STEPPERS)
@@ -28,6 +31,8 @@ def test_batch_stepper_equals_gymnasium(env_id, cls, dynamics):
     batch.reset(np.arange(n))
     if env_id == "MountainCar-v0":
         batch.state[: n // 2] = [-1.18, -0.05]  # half start against the left wall
+    if env_id == "Acrobot-v1":  # fast swings: wrapping, velocity clipping, termination
+        batch.state[: n // 2] = rng.uniform(-1, 1, size=(n // 2, 4)) * [3, 3, 12, 28]
     envs = [make_env(env_id, dynamics).unwrapped for _ in range(n)]
     for e in envs:
         e.reset(seed=0)
@@ -39,6 +44,8 @@ def test_batch_stepper_equals_gymnasium(env_id, cls, dynamics):
         for i, e in enumerate(envs):
             if env_id == "CartPole-v1":
                 e.state, e.steps_beyond_terminated = state[i].copy(), None
+            elif env_id == "Acrobot-v1":
+                e.state = state[i].copy()
             else:
                 e.state = tuple(state[i])
             o, r, t, _, _ = e.step(int(actions[i]))
