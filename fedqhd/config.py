@@ -22,6 +22,7 @@ from fedqhd.envs.inventory import DEMANDS as POOL_DEMANDS
 from fedqhd.envs.inventory import ENV_ID as INVENTORY_ENV_ID
 from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
 from fedqhd.learners import get_learner, learner_names
+from fedqhd.online import ONLINE_SETTINGS
 from fedqhd.privacy.noise import NOISE_KINDS
 from fedqhd.strategies.base import WEIGHTINGS
 
@@ -32,6 +33,14 @@ STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor")
 CLIENT_UPDATES: tuple[str, ...] = ("admm", "proximal")
 #: where the data come from: fixed private shards, or episodes collected every round
 PROTOCOLS: tuple[str, ...] = ("offline", "online")
+#: online protocol: "auto" takes the learner's settings from the per-task table
+#: :data:`fedqhd.online.ONLINE_SETTINGS`; "manual" takes them from the keys
+ONLINE_SETTINGS_MODES: tuple[str, ...] = ("auto", "manual")
+#: what online-settings = "auto" sets: field -> key of the per-task table
+_AUTO_FIELDS: tuple[tuple[str, str], ...] = (
+    ("hd_dim", "dim"), ("bandwidth", "enc_gamma"), ("gamma", "gamma"), ("ridge", "ridge"),
+    ("proximal", "proximal"), ("local_iterations", "sweeps"),
+    ("online_per_episode", "per_episode"), ("online_action_gap", "action_gap"))
 
 
 class ConfigError(ValueError):
@@ -131,12 +140,19 @@ class RunConfig:
         _float_range(0.0, 1.0, lo_open=True), "online: epsilon multiplied by this per episode"))
     epsilon_floor: float = field(default=0.01, metadata=_key(
         _float_range(0.0, 1.0), "online: lowest epsilon"))
-    online_capacity: int = field(default=20_000, metadata=_key(
-        _int_range(1, 10_000_000), "online: transitions a client's regression buffer holds "
-        "(reservoir sampling once full)"))
+    online_settings: str = field(default="auto", metadata=_key(
+        _choice(ONLINE_SETTINGS_MODES), "online: auto = per-task table (fedqhd.online."
+        "ONLINE_SETTINGS) replaces hd-dim, bandwidth, gamma, ridge, proximal, "
+        "local-iterations, online-per-episode, online-action-gap and epsilon-*; manual = "
+        "the keys as given"))
+    online_capacity: int = field(default=0, metadata=_key(
+        _int_range(0, 10_000_000), "online: transitions a client's regression buffer holds "
+        "(reservoir sampling once full); 0: min(20000, 1e7 / D)"))
     online_per_episode: int = field(default=20, metadata=_key(
         _int_range(1, 100_000), "online: at most this many transitions of an episode enter "
         "the buffer"))
+    online_action_gap: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1.0), "online: advantage-learning weight (0: plain FQI)"))
     eval_episodes: int = field(default=10, metadata=_key(_int_range(1, 100_000),
                                                          "greedy episodes per evaluation"))
     # ---- pool learner (learner = "pool", env-id = fedqhd/Inventory-v0) ----
@@ -174,6 +190,15 @@ class RunConfig:
         _int_range(1, 10_000_000), "inventory episodes per evaluation (common random numbers)"))
 
     def __post_init__(self) -> None:
+        if (self.protocol == "online" and self.online_settings == "auto"
+                and self.env_id in ONLINE_SETTINGS):
+            table = ONLINE_SETTINGS[self.env_id]
+            for name, key in _AUTO_FIELDS:
+                kind = type(getattr(self, name))
+                object.__setattr__(self, name, kind(table.get(key, 0.0)))
+            for name, value in zip(("epsilon_start", "epsilon_decay", "epsilon_floor"),
+                                   table["epsilon"], strict=True):
+                object.__setattr__(self, name, float(value))
         for f in fields(self):
             value = getattr(self, f.name)
             problem = f.metadata["check"](value)

@@ -55,8 +55,11 @@ __all__ = [
     "OnlineResult",
     "Timer",
     "collect_many",
+    "default_capacity",
     "epsilon_schedule",
+    "ONLINE_SETTINGS",
     "make_batch_env",
+    "online_settings",
     "run_online",
 ]
 
@@ -290,6 +293,11 @@ class OnlineClient:
     proximal : float
         Pull toward the prior readout of :meth:`fit`, per admitted transition of the
         action (so its weight relative to the data stays fixed as the buffer grows).
+    action_gap : float
+        Advantage learning (Baird 1999; Bellemare et al. 2016): each target is lowered
+        by ``action_gap * (max_b Q(s, b) - Q(s, a))`` under the readout the sweep starts
+        from, which widens the gap between the greedy and the other actions and makes
+        the greedy policy less sensitive to regression error. 0: plain FQI.
     capacity : int
         Slots of the regression buffer (reservoir replacement once full).
     per_episode : int
@@ -305,7 +313,8 @@ class OnlineClient:
     """
 
     def __init__(self, env_id: str, encoder: HDEncoder, *, gamma: float = 0.99,
-                 ridge: float = 1.0, proximal: float = 0.01, capacity: int = 20000,
+                 ridge: float = 1.0, proximal: float = 0.01, action_gap: float = 0.0,
+                 capacity: int = 20000,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
                  dynamics: dict[str, float] | None = None, form: str = "auto") -> None:
         spec = get_spec(env_id)
@@ -313,6 +322,7 @@ class OnlineClient:
         self.n_actions = spec.n_actions
         self.max_steps = spec.max_episode_steps
         self.gamma, self.ridge, self.proximal = float(gamma), float(ridge), float(proximal)
+        self.action_gap = float(action_gap)
         self.dim = int(encoder.omega_.shape[1])
         self.capacity, self.per_episode = int(capacity), int(per_episode)
         if form == "auto":
@@ -400,7 +410,12 @@ class OnlineClient:
         n = self.size
         best = (self.next_features[:n] @ readout.astype(np.float32)).max(axis=1)
         q_range = value_range(np.array([self.r_min, self.r_max]), self.gamma)
-        return bellman_targets(self.rewards[:n], self.continues[:n], best, self.gamma, q_range)
+        y = bellman_targets(self.rewards[:n], self.continues[:n], best, self.gamma, q_range)
+        if self.action_gap:
+            q = np.clip(self.features[:n] @ readout.astype(np.float32), *q_range)
+            gap = q.max(axis=1) - q[np.arange(n), self.actions[:n]]
+            y = np.clip(y - self.action_gap * gap, *q_range)
+        return y
 
     def fit(self, sweeps: int, init: np.ndarray | None = None,
             prior: np.ndarray | None = None) -> np.ndarray:
@@ -621,23 +636,57 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
     return float(np.mean([np.mean(c.episode_returns[-100:]) for c in clients]))
 
 
+#: Per-task settings of the online learner: :func:`run_online`'s defaults and the Flower
+#: app's online defaults (run config ``online-settings = "auto"``). Measured in
+#: ``BENCHMARKS.md`` (5 clients x 600 episodes, seeds 42/43/44). Keys: ``dim`` (D of the
+#: shared encoder), ``enc_gamma`` (RFF bandwidth), ``gamma`` (discount), ``ridge``,
+#: ``proximal``, ``sweeps`` (FQI sweeps per round), ``per_episode`` (buffer quota per
+#: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor).
+ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
+    "CartPole-v1": dict(dim=500, enc_gamma=1.0, gamma=0.9, ridge=1.0, proximal=0.01,
+                        sweeps=5, per_episode=20, episodes_per_round=20,
+                        epsilon=(1.0, 0.9, 0.01)),
+    "Acrobot-v1": dict(dim=500, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
+                       sweeps=10, per_episode=20, episodes_per_round=20,
+                       epsilon=(1.0, 0.9, 0.01)),
+    "MountainCar-v0": dict(dim=500, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
+                           sweeps=20, per_episode=20, episodes_per_round=20,
+                           epsilon=(1.0, 0.9, 0.01)),
+    "LunarLander-v3": dict(dim=500, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
+                           sweeps=10, per_episode=20, episodes_per_round=20,
+                           epsilon=(1.0, 0.9, 0.01)),
+}
+
+
+def default_capacity(dim: int) -> int:
+    """Buffer slots of a client with ``dim`` features: ``min(20000, 1e7 // dim)``."""
+    return int(min(20000, 1e7 // dim))
+
+
+def online_settings(env_id: str) -> dict[str, Any]:
+    """A copy of :data:`ONLINE_SETTINGS` for ``env_id`` (``KeyError`` for other tasks)."""
+    get_spec(env_id)
+    return dict(ONLINE_SETTINGS[env_id])
+
+
 def run_online(
     env_id: str = "CartPole-v1",
     n_clients: int = 5,
     episodes: int = 600,
-    episodes_per_round: int = 20,
+    episodes_per_round: int | None = None,
     encoder: str = "shared",
     aggregate: str | None = "auto",
     seed: int = 42,
-    dim: int = 500,
-    enc_gamma: float = 1.0,
-    gamma: float = 0.9,
-    ridge: float = 1.0,
-    proximal: float = 0.01,
-    sweeps: int = 5,
+    dim: int | None = None,
+    enc_gamma: float | None = None,
+    gamma: float | None = None,
+    ridge: float | None = None,
+    proximal: float | None = None,
+    action_gap: float | None = None,
+    sweeps: int | None = None,
     capacity: int | None = None,
-    per_episode: int = 20,
-    epsilon: tuple[float, float, float] = (1.0, 0.9, 0.01),
+    per_episode: int | None = None,
+    epsilon: tuple[float, float, float] | None = None,
     n_anchors: int = 1000,
     anchor_source: str = "rollouts",
     compile_ridge: float = 1.0,
@@ -663,10 +712,24 @@ def run_online(
 
     Heterogeneous encoders: ``D_i`` cycled from (500, 1000, 2000, 5000), ``gamma_i =
     enc_gamma * U(0.5, 1.5)`` (:func:`fedqhd.encoders.heterogeneous_encoder_params`).
-    ``capacity`` defaults to ``min(20000, 1e7 // D_i)`` slots.
+    ``capacity`` defaults to ``min(20000, 1e7 // D_i)`` slots. Settings left ``None``
+    come from :data:`ONLINE_SETTINGS` for ``env_id``.
     """
     wall0, cpu0 = time.perf_counter(), time.process_time()
     spec = get_spec(env_id)
+    table = online_settings(env_id)
+    dim = table["dim"] if dim is None else dim
+    enc_gamma = table["enc_gamma"] if enc_gamma is None else enc_gamma
+    gamma = table["gamma"] if gamma is None else gamma
+    ridge = table["ridge"] if ridge is None else ridge
+    proximal = table["proximal"] if proximal is None else proximal
+    sweeps = table["sweeps"] if sweeps is None else sweeps
+    action_gap = table.get("action_gap", 0.0) if action_gap is None else action_gap
+    per_episode = table["per_episode"] if per_episode is None else per_episode
+    episodes_per_round = (table["episodes_per_round"] if episodes_per_round is None
+                          else episodes_per_round)
+    start, decay, floor = table["epsilon"] if epsilon is None else epsilon
+    epsilon = (float(start), float(decay), float(floor))
     if encoder not in ("shared", "heterogeneous"):
         raise ValueError(f"encoder must be shared or heterogeneous, got {encoder!r}")
     if aggregate == "auto":
@@ -685,9 +748,10 @@ def run_online(
     clients = []
     for i, e in enumerate(encoders):
         d = e.omega_.shape[1]
-        cap = capacity if capacity is not None else int(min(20000, 1e7 // d))
+        cap = capacity if capacity is not None else default_capacity(d)
         clients.append(OnlineClient(
-            env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, capacity=cap,
+            env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, action_gap=action_gap,
+            capacity=cap,
             per_episode=per_episode, n_parallel=episodes_per_round,
             seed=int(np.random.SeedSequence([seed, i]).generate_state(1)[0]),
             dynamics=None if dynamics is None else dynamics[i]))
@@ -702,7 +766,8 @@ def run_online(
     global_w = np.zeros((dim, spec.n_actions)) if aggregate == "average" else None
     result = OnlineResult(env_id, encoder, aggregate, seed, math.nan, math.nan,
                           config=dict(episodes_per_round=episodes_per_round, dim=dim,
-                                      gamma=gamma, ridge=ridge, proximal=proximal,
+                                      enc_gamma=enc_gamma, gamma=gamma, ridge=ridge,
+                                      proximal=proximal, action_gap=action_gap,
                                       sweeps=sweeps, per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
                                       compile_ridge=compile_ridge))

@@ -7,14 +7,17 @@ import json
 import numpy as np
 import pytest
 
+from fedqhd import online
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100
+from fedqhd.online import ONLINE_SETTINGS
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
 
-SMALL = {"protocol": "online", "hd-dim": 300, "gamma": 0.9, "ridge": 1.0, "proximal": 0.01,
+SMALL = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma": 0.9,
+         "ridge": 1.0, "proximal": 0.01,
          "local-iterations": 5, "episodes-per-round": 20, "eval-episodes": 3,
          "num-anchors": 200, "min-nodes": 2}
 
@@ -47,3 +50,39 @@ def test_online_keys_are_validated():
                                    "env-id": "fedqhd/Inventory-v0"})
     with pytest.raises(ConfigError, match="floor <= start"):
         RunConfig.from_run_config({"epsilon-start": 0.1, "epsilon-floor": 0.5})
+
+
+def test_online_auto_settings_follow_the_per_task_table():
+    for env_id, table in ONLINE_SETTINGS.items():
+        cfg = RunConfig.from_run_config({"protocol": "online", "env-id": env_id})
+        assert (cfg.hd_dim, cfg.bandwidth, cfg.gamma, cfg.ridge, cfg.proximal) == (
+            table["dim"], table["enc_gamma"], table["gamma"], table["ridge"], table["proximal"])
+        assert (cfg.local_iterations, cfg.online_per_episode) == (table["sweeps"],
+                                                                  table["per_episode"])
+        assert cfg.online_action_gap == table.get("action_gap", 0.0)
+        assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
+        # run_online's defaults are the same table, episodes-per-round included
+        assert RunConfig().episodes_per_round == table["episodes_per_round"]
+    # manual keeps the keys as given; the offline protocol never sees the table
+    cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
+                                     "hd-dim": 123, "gamma": 0.5})
+    assert (cfg.hd_dim, cfg.gamma) == (123, 0.5)
+    offline = RunConfig.from_run_config({"env-id": "MountainCar-v0"})
+    assert (offline.hd_dim, offline.gamma, offline.local_iterations) == (2000, 0.99, 3)
+
+
+def test_run_online_defaults_are_the_table(monkeypatch):
+    seen = {}
+
+    def fake_init(self, env_id, encoder, **kw):
+        seen.update(kw, dim=encoder.omega_.shape[1])
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(online.OnlineClient, "__init__", fake_init)
+    for env_id, table in ONLINE_SETTINGS.items():
+        with pytest.raises(RuntimeError, match="stop"):
+            online.run_online(env_id)
+        assert (seen["dim"], seen["gamma"], seen["ridge"], seen["proximal"]) == (
+            table["dim"], table["gamma"], table["ridge"], table["proximal"])
+        assert seen["per_episode"] == table["per_episode"]
+        assert seen["n_parallel"] == table["episodes_per_round"]

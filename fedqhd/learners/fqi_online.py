@@ -27,7 +27,7 @@ from fedqhd.config import RunConfig
 from fedqhd.data.partition import partition_settings
 from fedqhd.learners.base import Arrays, Metrics, ServerPlan, partition
 from fedqhd.learners.fqi import FQI, client_encoder, greedy_return
-from fedqhd.online import OnlineClient, epsilon_schedule
+from fedqhd.online import OnlineClient, default_capacity, epsilon_schedule
 from fedqhd.seeding import shard_seed
 from fedqhd.strategies import contract as C
 
@@ -44,8 +44,11 @@ def node_client(context: Context, cfg: RunConfig) -> tuple[OnlineClient, dict[st
         encoder = client_encoder(cfg, pid)
         dynamics = partition_settings(cfg.partition, pid, n_parts, cfg.seed,
                                       env_id=cfg.env_id)["dynamics"]
+        dim = int(encoder.omega_.shape[1])
+        capacity = cfg.online_capacity or default_capacity(dim)
         client = OnlineClient(cfg.env_id, encoder, gamma=cfg.gamma, ridge=cfg.ridge,
-                              proximal=cfg.proximal, capacity=cfg.online_capacity,
+                              proximal=cfg.proximal, action_gap=cfg.online_action_gap,
+                              capacity=capacity,
                               per_episode=cfg.online_per_episode,
                               n_parallel=cfg.episodes_per_round,
                               seed=shard_seed(cfg.seed, pid), dynamics=dynamics or None)
