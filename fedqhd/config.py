@@ -40,7 +40,10 @@ ONLINE_SETTINGS_MODES: tuple[str, ...] = ("auto", "manual")
 _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("hd_dim", "dim"), ("bandwidth", "enc_gamma"), ("gamma", "gamma"), ("ridge", "ridge"),
     ("proximal", "proximal"), ("local_iterations", "sweeps"),
-    ("online_per_episode", "per_episode"), ("online_action_gap", "action_gap"))
+    ("online_per_episode", "per_episode"), ("online_action_gap", "action_gap"),
+    ("online_fuse", "fuse"), ("online_n_step", "n_step"))
+#: table entries a task may leave out, with the value they stand for
+_AUTO_MISSING: dict[str, float] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1}
 
 
 class ConfigError(ValueError):
@@ -143,7 +146,8 @@ class RunConfig:
     online_settings: str = field(default="auto", metadata=_key(
         _choice(ONLINE_SETTINGS_MODES), "online: auto = per-task table (fedqhd.online."
         "ONLINE_SETTINGS) replaces hd-dim, bandwidth, gamma, ridge, proximal, "
-        "local-iterations, online-per-episode, online-action-gap and epsilon-*; manual = "
+        "local-iterations, online-per-episode, online-action-gap, online-fuse, "
+        "online-n-step and epsilon-*; manual = "
         "the keys as given"))
     online_capacity: int = field(default=0, metadata=_key(
         _int_range(0, 10_000_000), "online: transitions a client's regression buffer holds "
@@ -153,6 +157,11 @@ class RunConfig:
         "the buffer"))
     online_action_gap: float = field(default=0.0, metadata=_key(
         _float_range(0.0, 1.0), "online: advantage-learning weight (0: plain FQI)"))
+    online_fuse: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1e6), "online: per-transition pull of each action's readout "
+        "toward the mean over actions (primal form; 0: independent)"))
+    online_n_step: int = field(default=1, metadata=_key(
+        _int_range(1, 1000), "online: n of the n-step transitions in the buffer"))
     eval_episodes: int = field(default=10, metadata=_key(_int_range(1, 100_000),
                                                          "greedy episodes per evaluation"))
     # ---- pool learner (learner = "pool", env-id = fedqhd/Inventory-v0) ----
@@ -195,7 +204,7 @@ class RunConfig:
             table = ONLINE_SETTINGS[self.env_id]
             for name, key in _AUTO_FIELDS:
                 kind = type(getattr(self, name))
-                object.__setattr__(self, name, kind(table.get(key, 0.0)))
+                object.__setattr__(self, name, kind(table.get(key, _AUTO_MISSING.get(key))))
             for name, value in zip(("epsilon_start", "epsilon_decay", "epsilon_floor"),
                                    table["epsilon"], strict=True):
                 object.__setattr__(self, name, float(value))

@@ -298,6 +298,14 @@ class OnlineClient:
         by ``action_gap * (max_b Q(s, b) - Q(s, a))`` under the readout the sweep starts
         from, which widens the gap between the greedy and the other actions and makes
         the greedy policy less sensitive to regression error. 0: plain FQI.
+    fuse : float
+        Fused penalty ``fuse * n * sum_a ||w_a - mean_b w_b||^2`` (primal form only):
+        an action rarely taken in some region borrows the other actions' readout there
+        instead of keeping a stale or shrunk value. 0: actions fitted independently.
+    n_step : int
+        Transitions enter the buffer as n-step transitions: the discounted sum of the
+        next ``n_step`` rewards of the episode and the state ``n_step`` steps on (fewer
+        at the episode's end), so one sweep propagates values ``n_step`` steps. 1: plain.
     capacity : int
         Slots of the regression buffer (reservoir replacement once full).
     per_episode : int
@@ -314,7 +322,7 @@ class OnlineClient:
 
     def __init__(self, env_id: str, encoder: HDEncoder, *, gamma: float = 0.99,
                  ridge: float = 1.0, proximal: float = 0.01, action_gap: float = 0.0,
-                 capacity: int = 20000,
+                 fuse: float = 0.0, n_step: int = 1, capacity: int = 20000,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
                  dynamics: dict[str, float] | None = None, form: str = "auto") -> None:
         spec = get_spec(env_id)
@@ -323,6 +331,10 @@ class OnlineClient:
         self.max_steps = spec.max_episode_steps
         self.gamma, self.ridge, self.proximal = float(gamma), float(ridge), float(proximal)
         self.action_gap = float(action_gap)
+        self.n_step = int(n_step)
+        self.fuse = float(fuse)
+        if self.n_step < 1:
+            raise ValueError(f"n_step must be >= 1, got {n_step}")
         self.dim = int(encoder.omega_.shape[1])
         self.capacity, self.per_episode = int(capacity), int(per_episode)
         if form == "auto":
@@ -354,15 +366,25 @@ class OnlineClient:
     # ----------------------------------------------------------------- buffer
 
     def append(self, states: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-               next_states: np.ndarray, terminated: np.ndarray) -> None:
-        """Offer transitions to the buffer (reservoir once full) and update the statistics."""
+               next_states: np.ndarray, terminated: np.ndarray,
+               continues: np.ndarray | None = None,
+               reward_range: tuple[float, float] | None = None) -> None:
+        """Offer transitions to the buffer (reservoir once full) and update the statistics.
+
+        ``continues`` (default ``1 - terminated``) multiplies ``gamma * max Q(next)`` in
+        the targets; n-step transitions pass ``gamma**(n-1)`` (0 after termination),
+        their summed ``rewards`` and the one-step ``reward_range`` they came from."""
         actions = np.asarray(actions, dtype=np.int64)
         rewards = np.asarray(rewards, dtype=np.float64)
         n = len(actions)
         if n == 0:
             return
-        self.r_min = min(self.r_min, float(rewards.min()))
-        self.r_max = max(self.r_max, float(rewards.max()))
+        lo, hi = ((float(rewards.min()), float(rewards.max())) if reward_range is None
+                  else reward_range)
+        self.r_min = min(self.r_min, lo)
+        self.r_max = max(self.r_max, hi)
+        if continues is None:
+            continues = 1.0 - np.asarray(terminated, dtype=np.float64)
         # slot of each offered transition: fill free slots, then reservoir (-1: dropped)
         slots = np.full(n, -1)
         free = min(n, self.capacity - self.size)
@@ -387,7 +409,7 @@ class OnlineClient:
             self.features[uniq], self.next_features[uniq] = new_f, new_nf
             self.actions[uniq] = actions[src]
             self.rewards[uniq] = rewards[src]
-            self.continues[uniq] = 1.0 - np.asarray(terminated, dtype=np.float64)[src]
+            self.continues[uniq] = np.asarray(continues, dtype=np.float64)[src]
             self.size = max(self.size, int(uniq.max()) + 1) if len(uniq) else self.size
             if self.form == "primal":
                 self._gram_add(new_f, actions[src], 1.0)
@@ -430,6 +452,8 @@ class OnlineClient:
         n = self.size
         acts = self.actions[:n]
         rows = [np.flatnonzero(acts == a) for a in range(self.n_actions)]
+        if self.fuse > 0 and self.form == "primal":
+            return self._fit_fused(sweeps, readout, prior, rows)
         with self.timer("factor"):
             systems = []
             for a in range(self.n_actions):
@@ -463,6 +487,44 @@ class OnlineClient:
                         alpha = cho_solve(fac, resid, check_finite=False)
                         new[:, a] = shrunk + fa.T @ alpha.astype(np.float32)
                 readout = new
+        self.readout = readout
+        return readout
+
+    def _fit_fused(self, sweeps: int, readout: np.ndarray, prior: np.ndarray,
+                   rows: list[np.ndarray]) -> np.ndarray:
+        """Primal sweeps with the fused penalty ``kappa sum_a ||w_a - mean_b w_b||^2``
+        (``kappa = fuse * n``) beside each action's ridge and proximal terms. Normal
+        equations ``M_a w_a - kappa wbar = r_a`` with ``M_a = G_a + (c_a + kappa) I``:
+        ``wbar`` solves ``(I - kappa/A sum_a M_a^-1) wbar = 1/A sum_a M_a^-1 r_a``."""
+        n, n_act, dim = self.size, self.n_actions, self.dim
+        kappa = self.fuse * n
+        with self.timer("factor"):
+            facs, mus, inv_sum = [], [], np.zeros((dim, dim))
+            for a in range(n_act):
+                mu = self.proximal * len(rows[a])
+                m = self.gram[a].copy()
+                m[np.diag_indices_from(m)] += self.ridge + mu + kappa
+                fac = cho_factor(m, lower=True, check_finite=False)
+                facs.append(fac)
+                mus.append(mu)
+                inv_sum += cho_solve(fac, np.eye(dim), check_finite=False)
+            s_mat = np.eye(dim) - (kappa / n_act) * inv_sum
+            s_fac = cho_factor((s_mat + s_mat.T) / 2, lower=True, check_finite=False)
+        with self.timer("sweeps"):
+            acts = self.actions[:n]
+            onehot = np.zeros((n, n_act), dtype=np.float32)
+            onehot[np.arange(n), acts] = 1.0
+            feats = self.features[:n]
+            for _ in range(sweeps):
+                y = self.targets(readout)
+                rhs = (feats.T @ (onehot * y[:, None].astype(np.float32))).astype(np.float64)
+                rhs += prior * np.asarray(mus)[None, :]
+                z = np.stack([cho_solve(facs[a], rhs[:, a], check_finite=False)
+                              for a in range(n_act)], axis=1)
+                wbar = cho_solve(s_fac, z.mean(axis=1), check_finite=False)
+                readout = np.stack([z[:, a] + kappa * cho_solve(facs[a], wbar,
+                                                                check_finite=False)
+                                    for a in range(n_act)], axis=1)
         self.readout = readout
         return readout
 
@@ -591,12 +653,40 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
                                                                         strict=True))
                 keep = _per_episode_subsample(ep, cl.per_episode, cl.rng)
                 cl.n_transitions += len(ep)
+                r_range = (float(r.min()), float(r.max()))
+                cont = 1.0 - te.astype(np.float64)
+                if cl.n_step > 1:
+                    r, s1, cont = _n_step(ep, r, s1, te, cl.n_step, cl.gamma)
             prev, cl.timer = cl.timer, timer
             try:
-                cl.append(s0[keep], a[keep], r[keep], s1[keep], te[keep])
+                cl.append(s0[keep], a[keep], r[keep], s1[keep], te[keep], cont[keep], r_range)
             finally:
                 cl.timer = prev
     return returns
+
+
+def _n_step(episode: np.ndarray, rewards: np.ndarray, next_states: np.ndarray,
+            terminated: np.ndarray, n: int, gamma: float
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n-step versions of time-ordered transitions (``episode`` labels, each episode's
+    transitions in time order): ``sum_{j<m} gamma^j r_{t+j}``, the state after ``t+m-1``
+    and ``gamma^(m-1)`` (0 if that transition terminated), ``m = min(n, steps left)``."""
+    order = np.argsort(episode, kind="stable")
+    ep, r = episode[order], rewards[order]
+    total = len(ep)
+    ret = np.zeros(total)
+    last = np.arange(total)
+    for j in range(n):
+        idx = np.arange(total) + j
+        ok = idx < total
+        ok[ok] &= ep[idx[ok]] == ep[ok]
+        ret[ok] += gamma**j * r[idx[ok]]
+        last[ok] = idx[ok]
+    m = last - np.arange(total) + 1
+    cont = gamma ** (m - 1.0) * (1.0 - terminated[order][last])
+    out_r, out_s1, out_c = np.empty(total), np.empty_like(next_states), np.empty(total)
+    out_r[order], out_s1[order], out_c[order] = ret, next_states[order][last], cont
+    return out_r, out_s1, out_c
 
 
 def _per_episode_subsample(episode: np.ndarray, quota: int, rng: np.random.Generator
@@ -683,6 +773,8 @@ def run_online(
     ridge: float | None = None,
     proximal: float | None = None,
     action_gap: float | None = None,
+    n_step: int | None = None,
+    fuse: float | None = None,
     sweeps: int | None = None,
     capacity: int | None = None,
     per_episode: int | None = None,
@@ -725,6 +817,8 @@ def run_online(
     proximal = table["proximal"] if proximal is None else proximal
     sweeps = table["sweeps"] if sweeps is None else sweeps
     action_gap = table.get("action_gap", 0.0) if action_gap is None else action_gap
+    n_step = table.get("n_step", 1) if n_step is None else n_step
+    fuse = table.get("fuse", 0.0) if fuse is None else fuse
     per_episode = table["per_episode"] if per_episode is None else per_episode
     episodes_per_round = (table["episodes_per_round"] if episodes_per_round is None
                           else episodes_per_round)
@@ -751,7 +845,7 @@ def run_online(
         cap = capacity if capacity is not None else default_capacity(d)
         clients.append(OnlineClient(
             env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, action_gap=action_gap,
-            capacity=cap,
+            n_step=n_step, fuse=fuse, capacity=cap,
             per_episode=per_episode, n_parallel=episodes_per_round,
             seed=int(np.random.SeedSequence([seed, i]).generate_state(1)[0]),
             dynamics=None if dynamics is None else dynamics[i]))
@@ -768,6 +862,7 @@ def run_online(
                           config=dict(episodes_per_round=episodes_per_round, dim=dim,
                                       enc_gamma=enc_gamma, gamma=gamma, ridge=ridge,
                                       proximal=proximal, action_gap=action_gap,
+                                      n_step=n_step, fuse=fuse,
                                       sweeps=sweeps, per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
                                       compile_ridge=compile_ridge))

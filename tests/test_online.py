@@ -119,3 +119,51 @@ def test_independent_mode_never_aggregates(monkeypatch):
     res = run_online("CartPole-v1", n_clients=2, episodes=40, episodes_per_round=20,
                      dim=100, encoder="heterogeneous", greedy_episodes=1)
     assert calls and "aggregate" in res.profile
+
+
+def test_n_step_transitions():
+    from fedqhd.online import _n_step
+    gamma = 0.5
+    # episodes interleaved as collect_many records them; episode 1 terminates
+    ep = np.array([0, 1, 0, 1, 0, 1, 0])
+    r = np.array([1.0, 10.0, 2.0, 20.0, 3.0, 30.0, 4.0])
+    s1 = np.arange(7.0)[:, None]
+    te = np.array([False, False, False, False, False, True, False])
+    ret, nxt, cont = _n_step(ep, r, s1, te, 3, gamma)
+    # episode 0: rewards 1,2,3,4 at rows 0,2,4,6
+    np.testing.assert_allclose(ret[[0, 2, 4, 6]], [1 + 1 + 0.75, 2 + 1.5 + 1, 3 + 2, 4])
+    np.testing.assert_allclose(nxt[[0, 2, 4, 6], 0], [4, 6, 6, 6])
+    np.testing.assert_allclose(cont[[0, 2, 4, 6]], [0.25, 0.25, 0.5, 1.0])
+    # episode 1 terminates at row 5: no bootstrap from it
+    np.testing.assert_allclose(ret[[1, 3, 5]], [10 + 10 + 7.5, 20 + 15, 30])
+    np.testing.assert_allclose(cont[[1, 3, 5]], [0.0, 0.0, 0.0])
+    ret1, _, cont1 = _n_step(ep, r, s1, te, 1, gamma)
+    np.testing.assert_allclose(ret1, r)
+    np.testing.assert_allclose(cont1, 1.0 - te)
+
+
+def test_fused_fit_solves_its_normal_equations():
+    # fuse -> 0 is the independent fit; fuse > 0: the gradient of the fused objective
+    # (data + ridge + proximal + kappa * sum_a ||w_a - mean w||^2) vanishes after a sweep
+    p = np.random.default_rng(0).normal(size=(40, 2))
+    fits = []
+    for fuse in (0.0, 1e-12):
+        cl = _client("primal", capacity=500)
+        cl.fuse = fuse
+        collect_many([cl], [8], [1.0])
+        fits.append(cl.fit(3, init=p))
+    np.testing.assert_allclose(fits[0], fits[1], rtol=1e-4, atol=1e-4)
+    cl = _client("primal", capacity=500)
+    cl.fuse = 0.05
+    collect_many([cl], [8], [1.0])
+    y = cl.targets(p)
+    w = cl.fit(1, init=p, prior=p)
+    n = cl.size
+    f = cl.features[:n].astype(np.float64)
+    acts = cl.actions[:n]
+    for a in range(2):
+        fa, ya = f[acts == a], y[acts == a]
+        grad = (fa.T @ (fa @ w[:, a] - ya) + cl.ridge * w[:, a]
+                + cl.proximal * len(ya) * (w[:, a] - p[:, a])
+                + cl.fuse * n * (w[:, a] - w.mean(axis=1)))
+        assert np.abs(grad).max() < 1e-3

@@ -60,6 +60,8 @@ def test_online_auto_settings_follow_the_per_task_table():
         assert (cfg.local_iterations, cfg.online_per_episode) == (table["sweeps"],
                                                                   table["per_episode"])
         assert cfg.online_action_gap == table.get("action_gap", 0.0)
+        assert (cfg.online_fuse, cfg.online_n_step) == (table.get("fuse", 0.0),
+                                                        table.get("n_step", 1))
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
         # run_online's defaults are the same table, episodes-per-round included
         assert RunConfig().episodes_per_round == table["episodes_per_round"]
@@ -85,4 +87,6 @@ def test_run_online_defaults_are_the_table(monkeypatch):
         assert (seen["dim"], seen["gamma"], seen["ridge"], seen["proximal"]) == (
             table["dim"], table["gamma"], table["ridge"], table["proximal"])
         assert seen["per_episode"] == table["per_episode"]
+        assert (seen["fuse"], seen["n_step"], seen["action_gap"]) == (
+            table.get("fuse", 0.0), table.get("n_step", 1), table.get("action_gap", 0.0))
         assert seen["n_parallel"] == table["episodes_per_round"]

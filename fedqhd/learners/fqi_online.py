@@ -48,6 +48,7 @@ def node_client(context: Context, cfg: RunConfig) -> tuple[OnlineClient, dict[st
         capacity = cfg.online_capacity or default_capacity(dim)
         client = OnlineClient(cfg.env_id, encoder, gamma=cfg.gamma, ridge=cfg.ridge,
                               proximal=cfg.proximal, action_gap=cfg.online_action_gap,
+                              fuse=cfg.online_fuse, n_step=cfg.online_n_step,
                               capacity=capacity,
                               per_episode=cfg.online_per_episode,
                               n_parallel=cfg.episodes_per_round,
