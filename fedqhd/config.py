@@ -41,9 +41,11 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("hd_dim", "dim"), ("bandwidth", "enc_gamma"), ("gamma", "gamma"), ("ridge", "ridge"),
     ("proximal", "proximal"), ("local_iterations", "sweeps"),
     ("online_per_episode", "per_episode"), ("online_action_gap", "action_gap"),
-    ("online_fuse", "fuse"), ("online_n_step", "n_step"))
+    ("online_fuse", "fuse"), ("online_n_step", "n_step"), ("online_gamma_final", "gamma_final"),
+    ("online_gamma_ramp", "gamma_ramp"))
 #: table entries a task may leave out, with the value they stand for
-_AUTO_MISSING: dict[str, float] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1}
+_AUTO_MISSING: dict[str, float] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
+                                   "gamma_final": 0.0, "gamma_ramp": 1}
 
 
 class ConfigError(ValueError):
@@ -147,7 +149,7 @@ class RunConfig:
         _choice(ONLINE_SETTINGS_MODES), "online: auto = per-task table (fedqhd.online."
         "ONLINE_SETTINGS) replaces hd-dim, bandwidth, gamma, ridge, proximal, "
         "local-iterations, online-per-episode, online-action-gap, online-fuse, "
-        "online-n-step and epsilon-*; manual = "
+        "online-n-step, online-gamma-final, online-gamma-ramp and epsilon-*; manual = "
         "the keys as given"))
     online_capacity: int = field(default=0, metadata=_key(
         _int_range(0, 10_000_000), "online: transitions a client's regression buffer holds "
@@ -162,6 +164,11 @@ class RunConfig:
         "toward the mean over actions (primal form; 0: independent)"))
     online_n_step: int = field(default=1, metadata=_key(
         _int_range(1, 1000), "online: n of the n-step transitions in the buffer"))
+    online_gamma_final: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1.0, hi_open=True), "online: discount reached after "
+        "online-gamma-ramp episodes (horizon grows linearly from gamma's); <= gamma: none"))
+    online_gamma_ramp: int = field(default=1, metadata=_key(
+        _int_range(1, 10_000_000), "online: episodes over which the discount grows"))
     eval_episodes: int = field(default=10, metadata=_key(_int_range(1, 100_000),
                                                          "greedy episodes per evaluation"))
     # ---- pool learner (learner = "pool", env-id = fedqhd/Inventory-v0) ----
@@ -223,6 +230,10 @@ class RunConfig:
         if self.protocol == "online" and self.learner != "fqi":
             raise ConfigError(f"run-config key 'protocol' = 'online' needs 'learner' = 'fqi', "
                               f"got {self.learner!r}")
+        if (self.protocol == "online" and self.online_gamma_final > self.gamma
+                and self.online_n_step > 1):
+            raise ConfigError("run-config key 'online-gamma-final' (a discount schedule) "
+                              "needs 'online-n-step' = 1")
         if self.epsilon_floor > self.epsilon_start:
             raise ConfigError(f"run-config keys 'epsilon-floor' ({self.epsilon_floor}) and "
                               f"'epsilon-start' ({self.epsilon_start}): need floor <= start")

@@ -56,6 +56,7 @@ __all__ = [
     "Timer",
     "collect_many",
     "default_capacity",
+    "discount_schedule",
     "epsilon_schedule",
     "ONLINE_SETTINGS",
     "make_batch_env",
@@ -262,6 +263,18 @@ def epsilon_schedule(start: float = 1.0, decay: float = 0.97, floor: float = 0.0
                      ) -> Callable[[np.ndarray], np.ndarray]:
     """``episode -> max(floor, start * decay**episode)`` (episodes counted per client)."""
     return lambda episode: np.maximum(floor, start * decay ** np.asarray(episode, dtype=float))
+
+
+def discount_schedule(gamma: float, final: float = 0.0, ramp: int = 1
+                      ) -> Callable[[int], float]:
+    """``episodes done -> discount``: ``gamma`` throughout when ``final <= gamma``, else
+    the horizon ``1 / (1 - discount)`` grows linearly from ``gamma``'s to ``final``'s over
+    the first ``ramp`` episodes (a short horizon learns to balance first, a long one then
+    learns to avoid slow failures such as CartPole's cart drift)."""
+    if final <= gamma:
+        return lambda done: float(gamma)
+    h0, h1 = 1.0 / (1.0 - gamma), 1.0 / (1.0 - final)
+    return lambda done: float(1.0 - 1.0 / (h0 + (h1 - h0) * min(1.0, done / max(ramp, 1))))
 
 
 def _encode32(encoder: HDEncoder, states: np.ndarray) -> np.ndarray:
@@ -775,6 +788,8 @@ def run_online(
     action_gap: float | None = None,
     n_step: int | None = None,
     fuse: float | None = None,
+    gamma_final: float | None = None,
+    gamma_ramp: int | None = None,
     sweeps: int | None = None,
     capacity: int | None = None,
     per_episode: int | None = None,
@@ -819,6 +834,11 @@ def run_online(
     action_gap = table.get("action_gap", 0.0) if action_gap is None else action_gap
     n_step = table.get("n_step", 1) if n_step is None else n_step
     fuse = table.get("fuse", 0.0) if fuse is None else fuse
+    gamma_final = table.get("gamma_final", 0.0) if gamma_final is None else gamma_final
+    gamma_ramp = table.get("gamma_ramp", 1) if gamma_ramp is None else gamma_ramp
+    if gamma_final > gamma and n_step > 1:
+        raise ValueError("a discount schedule (gamma_final) needs n_step = 1")
+    discount = discount_schedule(gamma, gamma_final, gamma_ramp)
     per_episode = table["per_episode"] if per_episode is None else per_episode
     episodes_per_round = (table["episodes_per_round"] if episodes_per_round is None
                           else episodes_per_round)
@@ -862,7 +882,8 @@ def run_online(
                           config=dict(episodes_per_round=episodes_per_round, dim=dim,
                                       enc_gamma=enc_gamma, gamma=gamma, ridge=ridge,
                                       proximal=proximal, action_gap=action_gap,
-                                      n_step=n_step, fuse=fuse,
+                                      n_step=n_step, fuse=fuse, gamma_final=gamma_final,
+                                      gamma_ramp=gamma_ramp,
                                       sweeps=sweeps, per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
                                       compile_ridge=compile_ridge))
@@ -872,6 +893,8 @@ def run_online(
         eps = schedule(np.arange(done, done + k))
         collect_many(clients, [k] * n_clients, [eps] * n_clients, timer=timer)
         done += k
+        for cl in clients:
+            cl.gamma = discount(done)
         weights = np.array([cl.n_transitions for cl in clients], dtype=float)
         weights /= weights.sum()
         if aggregate == "average":

@@ -167,3 +167,12 @@ def test_fused_fit_solves_its_normal_equations():
                 + cl.proximal * len(ya) * (w[:, a] - p[:, a])
                 + cl.fuse * n * (w[:, a] - w.mean(axis=1)))
         assert np.abs(grad).max() < 1e-3
+
+
+def test_discount_schedule():
+    from fedqhd.online import discount_schedule
+    fixed = discount_schedule(0.9)
+    assert fixed(0) == fixed(10_000) == 0.9
+    ramp = discount_schedule(0.9, 0.99, 300)
+    assert ramp(0) == pytest.approx(0.9) and ramp(300) == ramp(600) == pytest.approx(0.99)
+    assert ramp(150) == pytest.approx(1 - 1 / 55)  # horizon halfway from 10 to 100

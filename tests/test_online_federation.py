@@ -62,6 +62,8 @@ def test_online_auto_settings_follow_the_per_task_table():
         assert cfg.online_action_gap == table.get("action_gap", 0.0)
         assert (cfg.online_fuse, cfg.online_n_step) == (table.get("fuse", 0.0),
                                                         table.get("n_step", 1))
+        assert (cfg.online_gamma_final, cfg.online_gamma_ramp) == (
+            table.get("gamma_final", 0.0), table.get("gamma_ramp", 1))
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
         # run_online's defaults are the same table, episodes-per-round included
         assert RunConfig().episodes_per_round == table["episodes_per_round"]

@@ -27,7 +27,12 @@ from fedqhd.config import RunConfig
 from fedqhd.data.partition import partition_settings
 from fedqhd.learners.base import Arrays, Metrics, ServerPlan, partition
 from fedqhd.learners.fqi import FQI, client_encoder, greedy_return
-from fedqhd.online import OnlineClient, default_capacity, epsilon_schedule
+from fedqhd.online import (
+    OnlineClient,
+    default_capacity,
+    discount_schedule,
+    epsilon_schedule,
+)
 from fedqhd.seeding import shard_seed
 from fedqhd.strategies import contract as C
 
@@ -98,6 +103,8 @@ class FQIOnline(FQI):
         schedule = epsilon_schedule(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor)
         k = cfg.episodes_per_round
         client.collect(k, schedule(np.arange(done, done + k)))
+        client.gamma = discount_schedule(cfg.gamma, cfg.online_gamma_final,
+                                         cfg.online_gamma_ramp)(done + k)
         client.fit(cfg.local_iterations, init=start, prior=start)
         metrics.update({C.NUM_TRANSITIONS: client.n_transitions,
                         TRAIN_RETURN_LAST100: float(np.mean(client.episode_returns[-100:]))})
