@@ -22,7 +22,7 @@ from fedqhd.envs.inventory import DEMANDS as POOL_DEMANDS
 from fedqhd.envs.inventory import ENV_ID as INVENTORY_ENV_ID
 from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
 from fedqhd.learners import get_learner, learner_names
-from fedqhd.online import ONLINE_SETTINGS
+from fedqhd.online import ONLINE_SETTINGS, online_settings
 from fedqhd.privacy.noise import NOISE_KINDS
 from fedqhd.strategies.base import WEIGHTINGS
 
@@ -42,7 +42,7 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("proximal", "proximal"), ("local_iterations", "sweeps"),
     ("online_per_episode", "per_episode"), ("online_action_gap", "action_gap"),
     ("online_fuse", "fuse"), ("online_n_step", "n_step"), ("online_gamma_final", "gamma_final"),
-    ("online_gamma_ramp", "gamma_ramp"))
+    ("online_gamma_ramp", "gamma_ramp"), ("episodes_per_round", "episodes_per_round"))
 #: table entries a task may leave out, with the value they stand for
 _AUTO_MISSING: dict[str, float] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
                                    "gamma_final": 0.0, "gamma_ramp": 1}
@@ -148,8 +148,9 @@ class RunConfig:
     online_settings: str = field(default="auto", metadata=_key(
         _choice(ONLINE_SETTINGS_MODES), "online: auto = per-task table (fedqhd.online."
         "ONLINE_SETTINGS) replaces hd-dim, bandwidth, gamma, ridge, proximal, "
-        "local-iterations, online-per-episode, online-action-gap, online-fuse, "
-        "online-n-step, online-gamma-final, online-gamma-ramp and epsilon-*; manual = "
+        "local-iterations, episodes-per-round, online-per-episode, online-action-gap, "
+        "online-fuse, online-n-step, online-gamma-final, online-gamma-ramp and epsilon-* "
+        "(set num-server-rounds = episodes / episodes-per-round); manual = "
         "the keys as given"))
     online_capacity: int = field(default=0, metadata=_key(
         _int_range(0, 10_000_000), "online: transitions a client's regression buffer holds "
@@ -208,7 +209,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         if (self.protocol == "online" and self.online_settings == "auto"
                 and self.env_id in ONLINE_SETTINGS):
-            table = ONLINE_SETTINGS[self.env_id]
+            table = online_settings(self.env_id, self.encoder)
             for name, key in _AUTO_FIELDS:
                 kind = type(getattr(self, name))
                 object.__setattr__(self, name, kind(table.get(key, _AUTO_MISSING.get(key))))

@@ -766,10 +766,16 @@ def default_capacity(dim: int) -> int:
     return int(min(20000, 1e7 // dim))
 
 
-def online_settings(env_id: str) -> dict[str, Any]:
-    """A copy of :data:`ONLINE_SETTINGS` for ``env_id`` (``KeyError`` for other tasks)."""
+def online_settings(env_id: str, encoder: str = "shared") -> dict[str, Any]:
+    """The settings of :data:`ONLINE_SETTINGS` for ``env_id`` under ``encoder`` (an entry's
+    ``"heterogeneous"`` dict overrides for heterogeneous encoders); ``KeyError`` for
+    other tasks."""
     get_spec(env_id)
-    return dict(ONLINE_SETTINGS[env_id])
+    table = dict(ONLINE_SETTINGS[env_id])
+    hetero = table.pop("heterogeneous", {})
+    if encoder == "heterogeneous":
+        table.update(hetero)
+    return table
 
 
 def run_online(
@@ -824,7 +830,7 @@ def run_online(
     """
     wall0, cpu0 = time.perf_counter(), time.process_time()
     spec = get_spec(env_id)
-    table = online_settings(env_id)
+    table = online_settings(env_id, encoder)
     dim = table["dim"] if dim is None else dim
     enc_gamma = table["enc_gamma"] if enc_gamma is None else enc_gamma
     gamma = table["gamma"] if gamma is None else gamma

@@ -53,8 +53,11 @@ def test_online_keys_are_validated():
 
 
 def test_online_auto_settings_follow_the_per_task_table():
-    for env_id, table in ONLINE_SETTINGS.items():
-        cfg = RunConfig.from_run_config({"protocol": "online", "env-id": env_id})
+    for (env_id, encoder) in [(e, k) for e in ONLINE_SETTINGS
+                              for k in ("shared", "heterogeneous")]:
+        table = online.online_settings(env_id, encoder)
+        cfg = RunConfig.from_run_config({"protocol": "online", "env-id": env_id,
+                                         "encoder": encoder})
         assert (cfg.hd_dim, cfg.bandwidth, cfg.gamma, cfg.ridge, cfg.proximal) == (
             table["dim"], table["enc_gamma"], table["gamma"], table["ridge"], table["proximal"])
         assert (cfg.local_iterations, cfg.online_per_episode) == (table["sweeps"],
@@ -65,8 +68,7 @@ def test_online_auto_settings_follow_the_per_task_table():
         assert (cfg.online_gamma_final, cfg.online_gamma_ramp) == (
             table.get("gamma_final", 0.0), table.get("gamma_ramp", 1))
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
-        # run_online's defaults are the same table, episodes-per-round included
-        assert RunConfig().episodes_per_round == table["episodes_per_round"]
+        assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table
     cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
                                      "hd-dim": 123, "gamma": 0.5})
@@ -83,11 +85,14 @@ def test_run_online_defaults_are_the_table(monkeypatch):
         raise RuntimeError("stop")
 
     monkeypatch.setattr(online.OnlineClient, "__init__", fake_init)
-    for env_id, table in ONLINE_SETTINGS.items():
+    for (env_id, encoder) in [(e, k) for e in ONLINE_SETTINGS
+                              for k in ("shared", "heterogeneous")]:
+        table = online.online_settings(env_id, encoder)
         with pytest.raises(RuntimeError, match="stop"):
-            online.run_online(env_id)
+            online.run_online(env_id, encoder=encoder)
+        dim = seen["dim"] if encoder == "heterogeneous" else table["dim"]  # D_i cycled
         assert (seen["dim"], seen["gamma"], seen["ridge"], seen["proximal"]) == (
-            table["dim"], table["gamma"], table["ridge"], table["proximal"])
+            dim, table["gamma"], table["ridge"], table["proximal"])
         assert seen["per_episode"] == table["per_episode"]
         assert (seen["fuse"], seen["n_step"], seen["action_gap"]) == (
             table.get("fuse", 0.0), table.get("n_step", 1), table.get("action_gap", 0.0))
