@@ -315,6 +315,9 @@ class OnlineClient:
         Fused penalty ``fuse * n * sum_a ||w_a - mean_b w_b||^2`` (primal form only):
         an action rarely taken in some region borrows the other actions' readout there
         instead of keeping a stale or shrunk value. 0: actions fitted independently.
+    tail : int
+        Of each episode that terminated, its last ``tail`` transitions enter the buffer
+        first (within ``per_episode``): the failures of a good policy stay in the data.
     n_step : int
         Transitions enter the buffer as n-step transitions: the discounted sum of the
         next ``n_step`` rewards of the episode and the state ``n_step`` steps on (fewer
@@ -335,7 +338,8 @@ class OnlineClient:
 
     def __init__(self, env_id: str, encoder: HDEncoder, *, gamma: float = 0.99,
                  ridge: float = 1.0, proximal: float = 0.01, action_gap: float = 0.0,
-                 fuse: float = 0.0, n_step: int = 1, capacity: int = 20000,
+                 fuse: float = 0.0, n_step: int = 1, tail: int = 0,
+                 capacity: int = 20000,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
                  dynamics: dict[str, float] | None = None, form: str = "auto") -> None:
         spec = get_spec(env_id)
@@ -346,6 +350,7 @@ class OnlineClient:
         self.action_gap = float(action_gap)
         self.n_step = int(n_step)
         self.fuse = float(fuse)
+        self.tail = int(tail)
         if self.n_step < 1:
             raise ValueError(f"n_step must be >= 1, got {n_step}")
         self.dim = int(encoder.omega_.shape[1])
@@ -664,7 +669,7 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
             with timer("bookkeeping"):
                 ep, s0, a, r, s1, te = (np.concatenate(z) for z in zip(*st[c]["rec"],
                                                                         strict=True))
-                keep = _per_episode_subsample(ep, cl.per_episode, cl.rng)
+                keep = _per_episode_subsample(ep, cl.per_episode, cl.rng, te, cl.tail)
                 cl.n_transitions += len(ep)
                 r_range = (float(r.min()), float(r.max()))
                 cont = 1.0 - te.astype(np.float64)
@@ -702,10 +707,23 @@ def _n_step(episode: np.ndarray, rewards: np.ndarray, next_states: np.ndarray,
     return out_r, out_s1, out_c
 
 
-def _per_episode_subsample(episode: np.ndarray, quota: int, rng: np.random.Generator
+def _per_episode_subsample(episode: np.ndarray, quota: int, rng: np.random.Generator,
+                           terminated: np.ndarray | None = None, tail: int = 0
                            ) -> np.ndarray:
-    """Indices keeping at most ``quota`` uniformly drawn transitions of each episode."""
+    """Indices keeping at most ``quota`` transitions of each episode (``episode``: labels,
+    each episode's transitions in time order): the last ``tail`` transitions of every
+    episode that terminated (``terminated`` marks its last transition), the rest drawn
+    uniformly. Failures are rare once the policy is good; a uniform draw of 20 of a
+    300-step episode keeps its terminal transition with probability 0.07."""
     key = rng.random(len(episode))
+    if tail > 0 and terminated is not None and terminated.any():
+        order = np.argsort(episode, kind="stable")
+        ep_sorted = episode[order]
+        ends = np.r_[np.flatnonzero(np.diff(ep_sorted)), len(order) - 1]
+        length = np.diff(np.r_[-1, ends])
+        to_end = np.repeat(ends, length) - np.arange(len(order))
+        failed = np.repeat(terminated[order][ends], length)
+        key[order[failed & (to_end < tail)]] -= 1.0  # drawn first
     order = np.lexsort((key, episode))
     ep_sorted = episode[order]
     starts = np.r_[0, np.flatnonzero(np.diff(ep_sorted)) + 1]
@@ -796,6 +814,7 @@ def run_online(
     fuse: float | None = None,
     gamma_final: float | None = None,
     gamma_ramp: int | None = None,
+    tail: int | None = None,
     sweeps: int | None = None,
     capacity: int | None = None,
     per_episode: int | None = None,
@@ -842,6 +861,7 @@ def run_online(
     fuse = table.get("fuse", 0.0) if fuse is None else fuse
     gamma_final = table.get("gamma_final", 0.0) if gamma_final is None else gamma_final
     gamma_ramp = table.get("gamma_ramp", 1) if gamma_ramp is None else gamma_ramp
+    tail = table.get("tail", 0) if tail is None else tail
     if gamma_final > gamma and n_step > 1:
         raise ValueError("a discount schedule (gamma_final) needs n_step = 1")
     discount = discount_schedule(gamma, gamma_final, gamma_ramp)
@@ -871,7 +891,7 @@ def run_online(
         cap = capacity if capacity is not None else default_capacity(d)
         clients.append(OnlineClient(
             env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, action_gap=action_gap,
-            n_step=n_step, fuse=fuse, capacity=cap,
+            n_step=n_step, fuse=fuse, tail=tail, capacity=cap,
             per_episode=per_episode, n_parallel=episodes_per_round,
             seed=int(np.random.SeedSequence([seed, i]).generate_state(1)[0]),
             dynamics=None if dynamics is None else dynamics[i]))
@@ -889,7 +909,7 @@ def run_online(
                                       enc_gamma=enc_gamma, gamma=gamma, ridge=ridge,
                                       proximal=proximal, action_gap=action_gap,
                                       n_step=n_step, fuse=fuse, gamma_final=gamma_final,
-                                      gamma_ramp=gamma_ramp,
+                                      gamma_ramp=gamma_ramp, tail=tail,
                                       sweeps=sweeps, per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
                                       compile_ridge=compile_ridge))

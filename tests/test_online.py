@@ -176,3 +176,17 @@ def test_discount_schedule():
     ramp = discount_schedule(0.9, 0.99, 300)
     assert ramp(0) == pytest.approx(0.9) and ramp(300) == ramp(600) == pytest.approx(0.99)
     assert ramp(150) == pytest.approx(1 - 1 / 55)  # horizon halfway from 10 to 100
+
+
+def test_per_episode_quota_keeps_the_tail_of_failed_episodes():
+    from fedqhd.online import _per_episode_subsample
+    # two interleaved episodes: 0 is truncated (rows 0, 2, ..., 18), 1 terminates (odd rows)
+    ep = np.tile([0, 1], 10)
+    te = np.zeros(20, dtype=bool)
+    te[19] = True
+    for seed in range(5):
+        keep = _per_episode_subsample(ep, 4, np.random.default_rng(seed), te, tail=3)
+        assert {15, 17, 19} <= set(keep.tolist())  # the failure and the two steps before
+        assert (ep[keep] == 0).sum() == 4 and (ep[keep] == 1).sum() == 4
+    plain = _per_episode_subsample(ep, 4, np.random.default_rng(0))
+    assert (ep[plain] == 1).sum() == 4

@@ -54,6 +54,7 @@ def node_client(context: Context, cfg: RunConfig) -> tuple[OnlineClient, dict[st
         client = OnlineClient(cfg.env_id, encoder, gamma=cfg.gamma, ridge=cfg.ridge,
                               proximal=cfg.proximal, action_gap=cfg.online_action_gap,
                               fuse=cfg.online_fuse, n_step=cfg.online_n_step,
+                              tail=cfg.online_tail,
                               capacity=capacity,
                               per_episode=cfg.online_per_episode,
                               n_parallel=cfg.episodes_per_round,
