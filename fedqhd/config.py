@@ -43,10 +43,11 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("online_per_episode", "per_episode"), ("online_action_gap", "action_gap"),
     ("online_fuse", "fuse"), ("online_n_step", "n_step"), ("online_gamma_final", "gamma_final"),
     ("online_gamma_ramp", "gamma_ramp"), ("episodes_per_round", "episodes_per_round"),
-    ("online_tail", "tail"))
+    ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"))
 #: table entries a task may leave out, with the value they stand for
 _AUTO_MISSING: dict[str, float] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
-                                   "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0}
+                                   "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0,
+                                   "compile_ridge": 1.0}
 
 
 class ConfigError(ValueError):
@@ -150,7 +151,8 @@ class RunConfig:
         _choice(ONLINE_SETTINGS_MODES), "online: auto = per-task table (fedqhd.online."
         "ONLINE_SETTINGS) replaces hd-dim, bandwidth, gamma, ridge, proximal, "
         "local-iterations, episodes-per-round, online-per-episode, online-action-gap, "
-        "online-fuse, online-n-step, online-tail, online-gamma-final, online-gamma-ramp and "
+        "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
+        "online-gamma-ramp and "
         "epsilon-* "
         "(set num-server-rounds = episodes / episodes-per-round); manual = "
         "the keys as given"))
@@ -170,6 +172,9 @@ class RunConfig:
     online_tail: int = field(default=0, metadata=_key(
         _int_range(0, 100_000), "online: the last this-many transitions of a terminated "
         "episode enter the buffer first (within online-per-episode)"))
+    online_compile_ridge: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1e9), "online, heterogeneous: ridge of the teacher compilation "
+        "(pull toward the client's own readout); 0: the key 'ridge'"))
     online_gamma_final: float = field(default=0.0, metadata=_key(
         _float_range(0.0, 1.0, hi_open=True), "online: discount reached after "
         "online-gamma-ramp episodes (horizon grows linearly from gamma's); <= gamma: none"))

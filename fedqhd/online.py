@@ -762,10 +762,14 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
 #: ``BENCHMARKS.md`` (5 clients x 600 episodes, seeds 42/43/44). Keys: ``dim`` (D of the
 #: shared encoder), ``enc_gamma`` (RFF bandwidth), ``gamma`` (discount), ``ridge``,
 #: ``proximal``, ``sweeps`` (FQI sweeps per round), ``per_episode`` (buffer quota per
-#: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor).
+#: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor);
+#: optional: ``tail``, ``n_step``, ``action_gap``, ``fuse`` (:class:`OnlineClient`),
+#: ``gamma_final``/``gamma_ramp`` (:func:`discount_schedule`), ``compile_ridge`` (ridge of
+#: the heterogeneous setting's teacher compilation, default 1) and ``heterogeneous``
+#: (overrides for heterogeneous encoders).
 ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
     "CartPole-v1": dict(dim=500, enc_gamma=1.0, gamma=0.9, ridge=1.0, proximal=0.01,
-                        sweeps=5, per_episode=20, tail=10, episodes_per_round=20,
+                        sweeps=5, per_episode=20, tail=20, episodes_per_round=20,
                         epsilon=(1.0, 0.9, 0.0),
                         heterogeneous=dict(episodes_per_round=50)),
     "Acrobot-v1": dict(dim=1000, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
@@ -822,7 +826,7 @@ def run_online(
     epsilon: tuple[float, float, float] | None = None,
     n_anchors: int = 1000,
     anchor_source: str = "rollouts",
-    compile_ridge: float = 1.0,
+    compile_ridge: float | None = None,
     greedy_episodes: int = 10,
     dynamics: Sequence[dict[str, float] | None] | None = None,
     verbose: bool = False,
@@ -863,6 +867,7 @@ def run_online(
     gamma_final = table.get("gamma_final", 0.0) if gamma_final is None else gamma_final
     gamma_ramp = table.get("gamma_ramp", 1) if gamma_ramp is None else gamma_ramp
     tail = table.get("tail", 0) if tail is None else tail
+    compile_ridge = table.get("compile_ridge", 1.0) if compile_ridge is None else compile_ridge
     if gamma_final > gamma and n_step > 1:
         raise ValueError("a discount schedule (gamma_final) needs n_step = 1")
     discount = discount_schedule(gamma, gamma_final, gamma_ramp)

@@ -68,6 +68,7 @@ def test_online_auto_settings_follow_the_per_task_table():
         assert (cfg.online_gamma_final, cfg.online_gamma_ramp) == (
             table.get("gamma_final", 0.0), table.get("gamma_ramp", 1))
         assert cfg.online_tail == table.get("tail", 0)
+        assert cfg.online_compile_ridge == table.get("compile_ridge", 1.0)
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
         assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table

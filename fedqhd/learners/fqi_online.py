@@ -78,7 +78,8 @@ def _adopt(client: OnlineClient, cache: dict[str, Any], arrays: Arrays, cfg: Run
             cache["anchor-digest"] = digest
             cache["anchor-features"] = client.encoder.encode(anchors).astype(np.float32)
         metrics[C.PROJECTION_RESIDUAL] = client.compile(cache["anchor-features"],
-                                                        arrays[C.TEACHER], cfg.ridge)
+                                                        arrays[C.TEACHER],
+                                                        cfg.online_compile_ridge or cfg.ridge)
 
 
 class FQIOnline(FQI):
