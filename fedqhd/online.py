@@ -771,7 +771,7 @@ ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
     "CartPole-v1": dict(dim=500, enc_gamma=1.0, gamma=0.9, ridge=1.0, proximal=0.01,
                         sweeps=5, per_episode=20, tail=20, episodes_per_round=20,
                         epsilon=(1.0, 0.9, 0.0),
-                        heterogeneous=dict(episodes_per_round=50)),
+                        heterogeneous=dict(episodes_per_round=50, epsilon=(1.0, 0.97, 0.0))),
     "Acrobot-v1": dict(dim=1000, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
                        sweeps=10, n_step=5, action_gap=0.5, per_episode=20, tail=10,
                        episodes_per_round=20, epsilon=(1.0, 0.9, 0.0)),
