@@ -217,6 +217,13 @@ class RunConfig:
         _int_range(1, 10_000_000), "inventory episodes per evaluation (common random numbers)"))
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            problem = f.metadata["check"](value)
+            if problem:
+                raise ConfigError(f"run-config key '{_kebab(f.name)}' = {value!r} is invalid: "
+                                  f"expected {problem}")
+        # the keys as given are checked above; the table's values replace them
         if (self.protocol == "online" and self.online_settings == "auto"
                 and self.env_id in ONLINE_SETTINGS):
             table = online_settings(self.env_id, self.encoder)
@@ -226,12 +233,6 @@ class RunConfig:
             for name, value in zip(("epsilon_start", "epsilon_decay", "epsilon_floor"),
                                    table["epsilon"], strict=True):
                 object.__setattr__(self, name, float(value))
-        for f in fields(self):
-            value = getattr(self, f.name)
-            problem = f.metadata["check"](value)
-            if problem:
-                raise ConfigError(f"run-config key '{_kebab(f.name)}' = {value!r} is invalid: "
-                                  f"expected {problem}")
         if self.epsilon_min > self.epsilon_max:
             raise ConfigError(f"run-config keys 'epsilon-min' ({self.epsilon_min}) and "
                               f"'epsilon-max' ({self.epsilon_max}): need min <= max")

@@ -99,3 +99,14 @@ def test_run_online_defaults_are_the_table(monkeypatch):
         assert (seen["fuse"], seen["n_step"], seen["action_gap"]) == (
             table.get("fuse", 0.0), table.get("n_step", 1), table.get("action_gap", 0.0))
         assert seen["n_parallel"] == table["episodes_per_round"]
+
+
+@pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
+def test_online_app_runs_with_the_per_task_settings(tmp_path, encoder):
+    # online-settings = "auto": the table's CartPole settings (tail, epsilon, K) in the app
+    rounds = _run(tmp_path, encoder=encoder, **{"online-settings": "auto",
+                                                "num-server-rounds": 2})["rounds"]
+    k = online.online_settings("CartPole-v1", encoder)["episodes_per_round"]
+    assert len(rounds) == 2 and all(r[C.REPLIES_OK] == 2 for r in rounds)
+    assert all(np.isfinite(r[TRAIN_RETURN_LAST100]) for r in rounds)
+    assert rounds[-1][C.NUM_TRANSITIONS] >= 2 * 2 * k * 8  # 2 clients x 2 rounds x k episodes
