@@ -6,12 +6,13 @@ Speed comes from three choices, all measured (see ``BENCHMARKS.md``):
 
 * Acting is batched: every client runs its round's episodes in parallel, the
   states of all of them are encoded at once in float32 (``cos`` in float32 is ~20x
-  cheaper than in float64), and CartPole / MountainCar are stepped by numpy batch
-  steppers that reproduce gymnasium's dynamics (Acrobot and LunarLander fall back
+  cheaper than in float64), and CartPole / MountainCar / Acrobot are stepped by numpy
+  batch steppers that reproduce gymnasium's dynamics (LunarLander, Box2D, falls back
   to a list of gymnasium envs).
 * The regression set is a subsample: each episode contributes at most
-  ``per_episode`` of its transitions (uniformly drawn; short failing episodes
-  contribute all of theirs), into a buffer of at most ``capacity`` slots with
+  ``per_episode`` of its transitions (the last ``tail`` of an episode that
+  terminated first, the rest uniformly drawn; short episodes contribute all of
+  theirs), into a buffer of at most ``capacity`` slots with
   reservoir replacement. Features of the admitted states and next states are
   cached (float32).
 * Per-action sufficient statistics are updated incrementally, in float64: the
