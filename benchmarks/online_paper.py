@@ -2,12 +2,15 @@
 
 5 clients x 600 episodes, metric = mean over clients of each client's last-100
 training-episode returns; also the greedy return of the final policies, wall and
-CPU seconds and where the time went. Run single-threaded:
+CPU seconds and where the time went. Settings per task come from
+``fedqhd.online.ONLINE_SETTINGS`` unless overridden. Run single-threaded:
 
-    OMP_NUM_THREADS=1 python benchmarks/online_paper.py --env CartPole-v1 \
-        --encoder shared --seeds 42 43 44
+    OMP_NUM_THREADS=1 python benchmarks/online_paper.py            # 4 tasks x 2 settings x 3 seeds
+    OMP_NUM_THREADS=1 python benchmarks/online_paper.py --envs CartPole-v1 \
+        --encoders shared --seeds 42
 
 Any ``run_online`` keyword can be overridden with ``--set key=value`` (JSON value).
+Prints one line per run as it ends, then a markdown table (mean +- std over seeds).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 
 import numpy as np
 
-from fedqhd.online import run_online
+from fedqhd.online import ONLINE_SETTINGS, run_online
 
 PAPER = {  # FedQHD paper, 3-seed means (shared / heterogeneous encoders)
     "CartPole-v1": (466.3, 351.1), "Acrobot-v1": (-105.0, -102.5),
@@ -27,37 +30,57 @@ PAPER = {  # FedQHD paper, 3-seed means (shared / heterogeneous encoders)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="CartPole-v1")
-    parser.add_argument("--encoder", default="shared", choices=["shared", "heterogeneous"])
+    parser.add_argument("--envs", nargs="+", default=list(ONLINE_SETTINGS))
+    parser.add_argument("--encoders", nargs="+", default=["shared", "heterogeneous"],
+                        choices=["shared", "heterogeneous"])
     parser.add_argument("--aggregate", default="auto", choices=["auto", "none"])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[42])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     parser.add_argument("--episodes", type=int, default=600)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
+    parser.add_argument("--json", default="", help="write every run's numbers here")
     args = parser.parse_args()
     overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
     aggregate = None if args.aggregate == "none" else "auto"
-    paper = PAPER[args.env][args.encoder == "heterogeneous"]
-    rows = []
-    for seed in args.seeds:
-        r = run_online(args.env, episodes=args.episodes, encoder=args.encoder,
-                       aggregate=aggregate, seed=seed, **overrides)
-        rows.append(r)
-        prof = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r.profile.items(),
-                                                          key=lambda kv: -kv[1]))
-        print(f"{args.env} {args.encoder} aggregate={r.aggregate} seed={seed}: "
-              f"train-return-last100 {r.train_return_last100:.1f}  greedy "
-              f"{r.greedy_return:.1f}  wall {r.wall_s:.1f} s  cpu {r.cpu_s:.1f} s  "
-              f"transitions/client {int(np.mean(r.n_transitions))}", flush=True)
-        print(f"  per-client last100 {[round(x, 1) for x in r.client_last100]}")
-        print(f"  time (wall s, sections overlap nothing): {prof}", flush=True)
-    if len(rows) > 1:
-        m = np.mean([r.train_return_last100 for r in rows])
-        print(f"mean over {len(rows)} seeds: train-return-last100 {m:.1f}  greedy "
-              f"{np.mean([r.greedy_return for r in rows]):.1f}  wall "
-              f"{np.mean([r.wall_s for r in rows]):.1f} s  cpu "
-              f"{np.mean([r.cpu_s for r in rows]):.1f} s")
-    print(f"paper (FedQHD, {args.encoder}): {paper}")
-    print("config:", rows[-1].config)
+    table, dump = [], []
+    for env_id in args.envs:
+        for enc in args.encoders:
+            rows = []
+            for seed in args.seeds:
+                r = run_online(env_id, episodes=args.episodes, encoder=enc,
+                               aggregate=aggregate, seed=seed, **overrides)
+                rows.append(r)
+                prof = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r.profile.items(),
+                                                                  key=lambda kv: -kv[1]))
+                print(f"{env_id} {enc} seed={seed}: train-return-last100 "
+                      f"{r.train_return_last100:.1f}  greedy {r.greedy_return:.1f}  wall "
+                      f"{r.wall_s:.1f} s  cpu {r.cpu_s:.1f} s  transitions/client "
+                      f"{int(np.mean(r.n_transitions))}\n  per-client last100 "
+                      f"{[round(x, 1) for x in r.client_last100]}\n  time (wall s): {prof}",
+                      flush=True)
+                dump.append({"env": env_id, "encoder": enc, "seed": seed,
+                             "train_return_last100": r.train_return_last100,
+                             "greedy_return": r.greedy_return, "wall_s": r.wall_s,
+                             "cpu_s": r.cpu_s, "profile": r.profile,
+                             "client_last100": r.client_last100,
+                             "config": {k: list(v) if isinstance(v, tuple) else v
+                                        for k, v in r.config.items()}})
+            last = np.array([r.train_return_last100 for r in rows])
+            paper = PAPER[env_id][enc == "heterogeneous"]
+            table.append(
+                f"| {env_id} | {enc} | {' / '.join(f'{x:.1f}' for x in last)} | "
+                f"{last.mean():.1f} +- {last.std():.1f} | "
+                f"{np.mean([r.greedy_return for r in rows]):.1f} | "
+                f"{np.mean([r.wall_s for r in rows]):.1f} | "
+                f"{np.mean([r.cpu_s for r in rows]):.1f} | {paper} | "
+                f"{'yes' if last.mean() >= paper else 'NO'} |")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dump, fh, indent=1)
+    print(f"\nseeds {args.seeds}, overrides {overrides or 'none'}\n")
+    print("| task | encoders | last-100 per seed | mean +- std | greedy | wall s | CPU s "
+          "| paper | >= paper |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---|")
+    print("\n".join(table))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from fedqhd.envs import env_ids, is_registered, load_env_modules
 from fedqhd.envs.inventory import DEMANDS as POOL_DEMANDS
 from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
 from fedqhd.learners import get_learner, learner_names
+from fedqhd.online import ONLINE_SETTINGS, online_settings
 from fedqhd.privacy.noise import NOISE_KINDS
 from fedqhd.strategies.base import WEIGHTINGS
 from fedqhd.strategies.screening import AGGREGATIONS
@@ -33,6 +34,21 @@ STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor", "exact")
 CLIENT_UPDATES: tuple[str, ...] = ("admm", "proximal")
 #: where the data come from: fixed private shards, or episodes collected every round
 PROTOCOLS: tuple[str, ...] = ("offline", "online")
+#: online protocol: "auto" takes the learner's settings from the per-task table
+#: :data:`fedqhd.online.ONLINE_SETTINGS`; "manual" takes them from the keys
+ONLINE_SETTINGS_MODES: tuple[str, ...] = ("auto", "manual")
+#: what online-settings = "auto" sets: field -> key of the per-task table
+_AUTO_FIELDS: tuple[tuple[str, str], ...] = (
+    ("hd_dim", "dim"), ("bandwidth", "enc_gamma"), ("gamma", "gamma"), ("ridge", "ridge"),
+    ("proximal", "proximal"), ("local_iterations", "sweeps"),
+    ("online_per_episode", "per_episode"), ("online_action_gap", "action_gap"),
+    ("online_fuse", "fuse"), ("online_n_step", "n_step"), ("online_gamma_final", "gamma_final"),
+    ("online_gamma_ramp", "gamma_ramp"), ("episodes_per_round", "episodes_per_round"),
+    ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"))
+#: table entries a task may leave out, with the value they stand for
+_AUTO_MISSING: dict[str, float] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
+                                   "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0,
+                                   "compile_ridge": 1.0}
 
 
 class ConfigError(ValueError):
@@ -167,12 +183,39 @@ class RunConfig:
         _float_range(0.0, 1.0, lo_open=True), "online: epsilon multiplied by this per episode"))
     epsilon_floor: float = field(default=0.01, metadata=_key(
         _float_range(0.0, 1.0), "online: lowest epsilon"))
-    online_capacity: int = field(default=20_000, metadata=_key(
-        _int_range(1, 10_000_000), "online: transitions a client's regression buffer holds "
-        "(reservoir sampling once full)"))
+    online_settings: str = field(default="auto", metadata=_key(
+        _choice(ONLINE_SETTINGS_MODES), "online: auto = per-task table (fedqhd.online."
+        "ONLINE_SETTINGS) replaces hd-dim, bandwidth, gamma, ridge, proximal, "
+        "local-iterations, episodes-per-round, online-per-episode, online-action-gap, "
+        "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
+        "online-gamma-ramp and "
+        "epsilon-* "
+        "(set num-server-rounds = episodes / episodes-per-round); manual = "
+        "the keys as given"))
+    online_capacity: int = field(default=0, metadata=_key(
+        _int_range(0, 10_000_000), "online: transitions a client's regression buffer holds "
+        "(reservoir sampling once full); 0: min(20000, 1e7 / D)"))
     online_per_episode: int = field(default=20, metadata=_key(
         _int_range(1, 100_000), "online: at most this many transitions of an episode enter "
         "the buffer"))
+    online_action_gap: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1.0), "online: advantage-learning weight (0: plain FQI)"))
+    online_fuse: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1e6), "online: per-transition pull of each action's readout "
+        "toward the mean over actions (primal form; 0: independent)"))
+    online_n_step: int = field(default=1, metadata=_key(
+        _int_range(1, 1000), "online: n of the n-step transitions in the buffer"))
+    online_tail: int = field(default=0, metadata=_key(
+        _int_range(0, 100_000), "online: the last this-many transitions of a terminated "
+        "episode enter the buffer first (within online-per-episode)"))
+    online_compile_ridge: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1e9), "online, heterogeneous: ridge of the teacher compilation "
+        "(pull toward the client's own readout); 0: the key 'ridge'"))
+    online_gamma_final: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1.0, hi_open=True), "online: discount reached after "
+        "online-gamma-ramp episodes (horizon grows linearly from gamma's); <= gamma: none"))
+    online_gamma_ramp: int = field(default=1, metadata=_key(
+        _int_range(1, 10_000_000), "online: episodes over which the discount grows"))
     eval_episodes: int = field(default=10, metadata=_key(_int_range(1, 100_000),
                                                          "greedy episodes per evaluation"))
     # ---- pool learner (learner = "pool", env-id = fedqhd/Inventory-v0) ----
@@ -224,6 +267,16 @@ class RunConfig:
             if problem:
                 raise ConfigError(f"run-config key '{_kebab(f.name)}' = {value!r} is invalid: "
                                   f"expected {problem}")
+        # the keys as given are checked above; the table's values replace them
+        if (self.protocol == "online" and self.online_settings == "auto"
+                and self.env_id in ONLINE_SETTINGS):
+            table = online_settings(self.env_id, self.encoder)
+            for name, key in _AUTO_FIELDS:
+                kind = type(getattr(self, name))
+                object.__setattr__(self, name, kind(table.get(key, _AUTO_MISSING.get(key))))
+            for name, value in zip(("epsilon_start", "epsilon_decay", "epsilon_floor"),
+                                   table["epsilon"], strict=True):
+                object.__setattr__(self, name, float(value))
         if self.epsilon_min > self.epsilon_max:
             raise ConfigError(f"run-config keys 'epsilon-min' ({self.epsilon_min}) and "
                               f"'epsilon-max' ({self.epsilon_max}): need min <= max")
@@ -250,6 +303,10 @@ class RunConfig:
         if self.protocol == "online" and self.learner != "fqi":
             raise ConfigError(f"run-config key 'protocol' = 'online' needs 'learner' = 'fqi', "
                               f"got {self.learner!r}")
+        if (self.protocol == "online" and self.online_gamma_final > self.gamma
+                and self.online_n_step > 1):
+            raise ConfigError("run-config key 'online-gamma-final' (a discount schedule) "
+                              "needs 'online-n-step' = 1")
         if self.epsilon_floor > self.epsilon_start:
             raise ConfigError(f"run-config keys 'epsilon-floor' ({self.epsilon_floor}) and "
                               f"'epsilon-start' ({self.epsilon_start}): need floor <= start")

@@ -6,12 +6,13 @@ Speed comes from three choices, all measured (see ``BENCHMARKS.md``):
 
 * Acting is batched: every client runs its round's episodes in parallel, the
   states of all of them are encoded at once in float32 (``cos`` in float32 is ~20x
-  cheaper than in float64), and CartPole / MountainCar are stepped by numpy batch
-  steppers that reproduce gymnasium's dynamics (Acrobot and LunarLander fall back
+  cheaper than in float64), and CartPole / MountainCar / Acrobot are stepped by numpy
+  batch steppers that reproduce gymnasium's dynamics (LunarLander, Box2D, falls back
   to a list of gymnasium envs).
 * The regression set is a subsample: each episode contributes at most
-  ``per_episode`` of its transitions (uniformly drawn; short failing episodes
-  contribute all of theirs), into a buffer of at most ``capacity`` slots with
+  ``per_episode`` of its transitions (the last ``tail`` of an episode that
+  terminated first, the rest uniformly drawn; short episodes contribute all of
+  theirs), into a buffer of at most ``capacity`` slots with
   reservoir replacement. Features of the admitted states and next states are
   cached (float32).
 * Per-action sufficient statistics are updated incrementally, in float64: the
@@ -47,6 +48,7 @@ from fedqhd.envs import get_spec, make_env, validate_dynamics
 from fedqhd.readout import bellman_targets, value_range
 
 __all__ = [
+    "AcrobotBatch",
     "CartPoleBatch",
     "GymBatch",
     "MountainCarBatch",
@@ -54,8 +56,12 @@ __all__ = [
     "OnlineResult",
     "Timer",
     "collect_many",
+    "default_capacity",
+    "discount_schedule",
     "epsilon_schedule",
+    "ONLINE_SETTINGS",
     "make_batch_env",
+    "online_settings",
     "run_online",
 ]
 
@@ -149,6 +155,73 @@ class MountainCarBatch:
         return self.state.astype(np.float32), np.full(len(position), -1.0), terminated
 
 
+class AcrobotBatch:
+    """``n`` Acrobot-v1 environments stepped together with gymnasium's dynamics ("book"
+    equations, one RK4 step of dt = 0.2 with the torque held, angles wrapped to
+    [-pi, pi], velocities clipped; reward -1 per step, 0 on the terminating step).
+    Link masses and lengths follow :func:`fedqhd.envs.make_env` (centres of mass at
+    mid-length, moments of inertia 1)."""
+
+    dt = 0.2
+    max_vel_1, max_vel_2 = 4 * math.pi, 9 * math.pi
+
+    def __init__(self, n: int, rng: np.random.Generator,
+                 dynamics: dict[str, float] | None = None) -> None:
+        p = validate_dynamics("Acrobot-v1", dynamics)
+        self.m1, self.m2 = p["link_mass_1"], p["link_mass_2"]
+        self.l1 = p["link_length_1"]
+        self.lc1, self.lc2 = p["link_length_1"] / 2, p["link_length_2"] / 2
+        self.rng = rng
+        self.state = np.zeros((n, 4))
+
+    def reset(self, idx: np.ndarray) -> np.ndarray:
+        # gymnasium draws the start in float32 and integrates in float64
+        self.state[idx] = self.rng.uniform(-0.1, 0.1, size=(len(idx), 4)).astype(np.float32)
+        return self._obs(self.state[idx])
+
+    @staticmethod
+    def _obs(s: np.ndarray) -> np.ndarray:
+        return np.stack([np.cos(s[:, 0]), np.sin(s[:, 0]), np.cos(s[:, 1]), np.sin(s[:, 1]),
+                         s[:, 2], s[:, 3]], axis=1).astype(np.float32)
+
+    def _dsdt(self, s: np.ndarray, a: np.ndarray) -> np.ndarray:
+        m1, m2, l1, lc1, lc2 = self.m1, self.m2, self.l1, self.lc1, self.lc2
+        i1 = i2 = 1.0
+        g = 9.8
+        theta1, theta2, dtheta1, dtheta2 = s.T
+        d1 = m1 * lc1**2 + m2 * (l1**2 + lc2**2 + 2 * l1 * lc2 * np.cos(theta2)) + i1 + i2
+        d2 = m2 * (lc2**2 + l1 * lc2 * np.cos(theta2)) + i2
+        phi2 = m2 * lc2 * g * np.cos(theta1 + theta2 - math.pi / 2.0)
+        phi1 = (-m2 * l1 * lc2 * dtheta2**2 * np.sin(theta2)
+                - 2 * m2 * l1 * lc2 * dtheta2 * dtheta1 * np.sin(theta2)
+                + (m1 * lc1 + m2 * l1) * g * np.cos(theta1 - math.pi / 2) + phi2)
+        ddtheta2 = ((a + d2 / d1 * phi1 - m2 * l1 * lc2 * dtheta1**2 * np.sin(theta2) - phi2)
+                    / (m2 * lc2**2 + i2 - d2**2 / d1))
+        ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
+        return np.stack([dtheta1, dtheta2, ddtheta1, ddtheta2], axis=1)
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        torque = np.asarray(actions, dtype=np.float64) - 1.0  # (-1, 0, +1)
+        y0, dt = self.state, self.dt
+        dt2 = dt / 2.0
+        k1 = self._dsdt(y0, torque)
+        k2 = self._dsdt(y0 + dt2 * k1, torque)
+        k3 = self._dsdt(y0 + dt2 * k2, torque)
+        k4 = self._dsdt(y0 + dt * k3, torque)
+        ns = y0 + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+        for j in (0, 1):  # gymnasium's wrap(): subtract / add 2 pi until inside
+            col = ns[:, j]
+            while (col > math.pi).any():
+                col[col > math.pi] -= 2 * math.pi
+            while (col < -math.pi).any():
+                col[col < -math.pi] += 2 * math.pi
+        ns[:, 2] = np.minimum(np.maximum(ns[:, 2], -self.max_vel_1), self.max_vel_1)
+        ns[:, 3] = np.minimum(np.maximum(ns[:, 3], -self.max_vel_2), self.max_vel_2)
+        self.state = ns
+        terminated = -np.cos(ns[:, 0]) - np.cos(ns[:, 1] + ns[:, 0]) > 1.0
+        return self._obs(ns), np.where(terminated, 0.0, -1.0), terminated
+
+
 class GymBatch:
     """Fallback: ``n`` unwrapped gymnasium envs stepped one after another."""
 
@@ -174,7 +247,8 @@ class GymBatch:
         return self.obs.copy(), rewards, terminated
 
 
-_BATCH = {"CartPole-v1": CartPoleBatch, "MountainCar-v0": MountainCarBatch}
+_BATCH = {"CartPole-v1": CartPoleBatch, "MountainCar-v0": MountainCarBatch,
+          "Acrobot-v1": AcrobotBatch}
 
 
 def make_batch_env(env_id: str, n: int, rng: np.random.Generator,
@@ -192,6 +266,18 @@ def epsilon_schedule(start: float = 1.0, decay: float = 0.97, floor: float = 0.0
                      ) -> Callable[[np.ndarray], np.ndarray]:
     """``episode -> max(floor, start * decay**episode)`` (episodes counted per client)."""
     return lambda episode: np.maximum(floor, start * decay ** np.asarray(episode, dtype=float))
+
+
+def discount_schedule(gamma: float, final: float = 0.0, ramp: int = 1
+                      ) -> Callable[[int], float]:
+    """``episodes done -> discount``: ``gamma`` throughout when ``final <= gamma``, else
+    the horizon ``1 / (1 - discount)`` grows linearly from ``gamma``'s to ``final``'s over
+    the first ``ramp`` episodes (a short horizon learns to balance first, a long one then
+    learns to avoid slow failures such as CartPole's cart drift)."""
+    if final <= gamma:
+        return lambda done: float(gamma)
+    h0, h1 = 1.0 / (1.0 - gamma), 1.0 / (1.0 - final)
+    return lambda done: float(1.0 - 1.0 / (h0 + (h1 - h0) * min(1.0, done / max(ramp, 1))))
 
 
 def _encode32(encoder: HDEncoder, states: np.ndarray) -> np.ndarray:
@@ -223,6 +309,22 @@ class OnlineClient:
     proximal : float
         Pull toward the prior readout of :meth:`fit`, per admitted transition of the
         action (so its weight relative to the data stays fixed as the buffer grows).
+    action_gap : float
+        Advantage learning (Baird 1999; Bellemare et al. 2016): each target is lowered
+        by ``action_gap * (max_b Q(s, b) - Q(s, a))`` under the readout the sweep starts
+        from, which widens the gap between the greedy and the other actions and makes
+        the greedy policy less sensitive to regression error. 0: plain FQI.
+    fuse : float
+        Fused penalty ``fuse * n * sum_a ||w_a - mean_b w_b||^2`` (primal form only):
+        an action rarely taken in some region borrows the other actions' readout there
+        instead of keeping a stale or shrunk value. 0: actions fitted independently.
+    tail : int
+        Of each episode that terminated, its last ``tail`` transitions enter the buffer
+        first (within ``per_episode``): the failures of a good policy stay in the data.
+    n_step : int
+        Transitions enter the buffer as n-step transitions: the discounted sum of the
+        next ``n_step`` rewards of the episode and the state ``n_step`` steps on (fewer
+        at the episode's end), so one sweep propagates values ``n_step`` steps. 1: plain.
     capacity : int
         Slots of the regression buffer (reservoir replacement once full).
     per_episode : int
@@ -238,7 +340,9 @@ class OnlineClient:
     """
 
     def __init__(self, env_id: str, encoder: HDEncoder, *, gamma: float = 0.99,
-                 ridge: float = 1.0, proximal: float = 0.01, capacity: int = 20000,
+                 ridge: float = 1.0, proximal: float = 0.01, action_gap: float = 0.0,
+                 fuse: float = 0.0, n_step: int = 1, tail: int = 0,
+                 capacity: int = 20000,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
                  dynamics: dict[str, float] | None = None, form: str = "auto") -> None:
         spec = get_spec(env_id)
@@ -246,6 +350,12 @@ class OnlineClient:
         self.n_actions = spec.n_actions
         self.max_steps = spec.max_episode_steps
         self.gamma, self.ridge, self.proximal = float(gamma), float(ridge), float(proximal)
+        self.action_gap = float(action_gap)
+        self.n_step = int(n_step)
+        self.fuse = float(fuse)
+        self.tail = int(tail)
+        if self.n_step < 1:
+            raise ValueError(f"n_step must be >= 1, got {n_step}")
         self.dim = int(encoder.omega_.shape[1])
         self.capacity, self.per_episode = int(capacity), int(per_episode)
         if form == "auto":
@@ -277,15 +387,25 @@ class OnlineClient:
     # ----------------------------------------------------------------- buffer
 
     def append(self, states: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-               next_states: np.ndarray, terminated: np.ndarray) -> None:
-        """Offer transitions to the buffer (reservoir once full) and update the statistics."""
+               next_states: np.ndarray, terminated: np.ndarray,
+               continues: np.ndarray | None = None,
+               reward_range: tuple[float, float] | None = None) -> None:
+        """Offer transitions to the buffer (reservoir once full) and update the statistics.
+
+        ``continues`` (default ``1 - terminated``) multiplies ``gamma * max Q(next)`` in
+        the targets; n-step transitions pass ``gamma**(n-1)`` (0 after termination),
+        their summed ``rewards`` and the one-step ``reward_range`` they came from."""
         actions = np.asarray(actions, dtype=np.int64)
         rewards = np.asarray(rewards, dtype=np.float64)
         n = len(actions)
         if n == 0:
             return
-        self.r_min = min(self.r_min, float(rewards.min()))
-        self.r_max = max(self.r_max, float(rewards.max()))
+        lo, hi = ((float(rewards.min()), float(rewards.max())) if reward_range is None
+                  else reward_range)
+        self.r_min = min(self.r_min, lo)
+        self.r_max = max(self.r_max, hi)
+        if continues is None:
+            continues = 1.0 - np.asarray(terminated, dtype=np.float64)
         # slot of each offered transition: fill free slots, then reservoir (-1: dropped)
         slots = np.full(n, -1)
         free = min(n, self.capacity - self.size)
@@ -310,19 +430,19 @@ class OnlineClient:
             self.features[uniq], self.next_features[uniq] = new_f, new_nf
             self.actions[uniq] = actions[src]
             self.rewards[uniq] = rewards[src]
-            self.continues[uniq] = 1.0 - np.asarray(terminated, dtype=np.float64)[src]
+            self.continues[uniq] = np.asarray(continues, dtype=np.float64)[src]
             self.size = max(self.size, int(uniq.max()) + 1) if len(uniq) else self.size
             if self.form == "primal":
                 self._gram_add(new_f, actions[src], 1.0)
             else:
-                rows = self.features[uniq].astype(np.float64) @ \
-                    self.features[:self.size].astype(np.float64).T
+                rows = self.features[uniq] @ self.features[:self.size].T  # float32
                 self.kernel[uniq, :self.size] = rows
                 self.kernel[:self.size, uniq] = rows.T
 
     def _gram_add(self, feats: np.ndarray, actions: np.ndarray, sign: float) -> None:
+        # float32 products (half the cost of float64), accumulated in float64
         for a in range(self.n_actions):
-            x = feats[actions == a].astype(np.float64)
+            x = np.ascontiguousarray(feats[actions == a], dtype=np.float32)
             if len(x):
                 self.gram[a] += sign * (x.T @ x)
 
@@ -333,7 +453,12 @@ class OnlineClient:
         n = self.size
         best = (self.next_features[:n] @ readout.astype(np.float32)).max(axis=1)
         q_range = value_range(np.array([self.r_min, self.r_max]), self.gamma)
-        return bellman_targets(self.rewards[:n], self.continues[:n], best, self.gamma, q_range)
+        y = bellman_targets(self.rewards[:n], self.continues[:n], best, self.gamma, q_range)
+        if self.action_gap:
+            q = np.clip(self.features[:n] @ readout.astype(np.float32), *q_range)
+            gap = q.max(axis=1) - q[np.arange(n), self.actions[:n]]
+            y = np.clip(y - self.action_gap * gap, *q_range)
+        return y
 
     def fit(self, sweeps: int, init: np.ndarray | None = None,
             prior: np.ndarray | None = None) -> np.ndarray:
@@ -348,6 +473,8 @@ class OnlineClient:
         n = self.size
         acts = self.actions[:n]
         rows = [np.flatnonzero(acts == a) for a in range(self.n_actions)]
+        if self.fuse > 0 and self.form == "primal":
+            return self._fit_fused(sweeps, readout, prior, rows)
         with self.timer("factor"):
             systems = []
             for a in range(self.n_actions):
@@ -381,6 +508,44 @@ class OnlineClient:
                         alpha = cho_solve(fac, resid, check_finite=False)
                         new[:, a] = shrunk + fa.T @ alpha.astype(np.float32)
                 readout = new
+        self.readout = readout
+        return readout
+
+    def _fit_fused(self, sweeps: int, readout: np.ndarray, prior: np.ndarray,
+                   rows: list[np.ndarray]) -> np.ndarray:
+        """Primal sweeps with the fused penalty ``kappa sum_a ||w_a - mean_b w_b||^2``
+        (``kappa = fuse * n``) beside each action's ridge and proximal terms. Normal
+        equations ``M_a w_a - kappa wbar = r_a`` with ``M_a = G_a + (c_a + kappa) I``:
+        ``wbar`` solves ``(I - kappa/A sum_a M_a^-1) wbar = 1/A sum_a M_a^-1 r_a``."""
+        n, n_act, dim = self.size, self.n_actions, self.dim
+        kappa = self.fuse * n
+        with self.timer("factor"):
+            facs, mus, inv_sum = [], [], np.zeros((dim, dim))
+            for a in range(n_act):
+                mu = self.proximal * len(rows[a])
+                m = self.gram[a].copy()
+                m[np.diag_indices_from(m)] += self.ridge + mu + kappa
+                fac = cho_factor(m, lower=True, check_finite=False)
+                facs.append(fac)
+                mus.append(mu)
+                inv_sum += cho_solve(fac, np.eye(dim), check_finite=False)
+            s_mat = np.eye(dim) - (kappa / n_act) * inv_sum
+            s_fac = cho_factor((s_mat + s_mat.T) / 2, lower=True, check_finite=False)
+        with self.timer("sweeps"):
+            acts = self.actions[:n]
+            onehot = np.zeros((n, n_act), dtype=np.float32)
+            onehot[np.arange(n), acts] = 1.0
+            feats = self.features[:n]
+            for _ in range(sweeps):
+                y = self.targets(readout)
+                rhs = (feats.T @ (onehot * y[:, None].astype(np.float32))).astype(np.float64)
+                rhs += prior * np.asarray(mus)[None, :]
+                z = np.stack([cho_solve(facs[a], rhs[:, a], check_finite=False)
+                              for a in range(n_act)], axis=1)
+                wbar = cho_solve(s_fac, z.mean(axis=1), check_finite=False)
+                readout = np.stack([z[:, a] + kappa * cho_solve(facs[a], wbar,
+                                                                check_finite=False)
+                                    for a in range(n_act)], axis=1)
         self.readout = readout
         return readout
 
@@ -507,20 +672,61 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
             with timer("bookkeeping"):
                 ep, s0, a, r, s1, te = (np.concatenate(z) for z in zip(*st[c]["rec"],
                                                                         strict=True))
-                keep = _per_episode_subsample(ep, cl.per_episode, cl.rng)
+                keep = _per_episode_subsample(ep, cl.per_episode, cl.rng, te, cl.tail)
                 cl.n_transitions += len(ep)
+                r_range = (float(r.min()), float(r.max()))
+                cont = 1.0 - te.astype(np.float64)
+                if cl.n_step > 1:
+                    r, s1, cont = _n_step(ep, r, s1, te, cl.n_step, cl.gamma)
             prev, cl.timer = cl.timer, timer
             try:
-                cl.append(s0[keep], a[keep], r[keep], s1[keep], te[keep])
+                cl.append(s0[keep], a[keep], r[keep], s1[keep], te[keep], cont[keep], r_range)
             finally:
                 cl.timer = prev
     return returns
 
 
-def _per_episode_subsample(episode: np.ndarray, quota: int, rng: np.random.Generator
+def _n_step(episode: np.ndarray, rewards: np.ndarray, next_states: np.ndarray,
+            terminated: np.ndarray, n: int, gamma: float
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n-step versions of time-ordered transitions (``episode`` labels, each episode's
+    transitions in time order): ``sum_{j<m} gamma^j r_{t+j}``, the state after ``t+m-1``
+    and ``gamma^(m-1)`` (0 if that transition terminated), ``m = min(n, steps left)``."""
+    order = np.argsort(episode, kind="stable")
+    ep, r = episode[order], rewards[order]
+    total = len(ep)
+    ret = np.zeros(total)
+    last = np.arange(total)
+    for j in range(n):
+        idx = np.arange(total) + j
+        ok = idx < total
+        ok[ok] &= ep[idx[ok]] == ep[ok]
+        ret[ok] += gamma**j * r[idx[ok]]
+        last[ok] = idx[ok]
+    m = last - np.arange(total) + 1
+    cont = gamma ** (m - 1.0) * (1.0 - terminated[order][last])
+    out_r, out_s1, out_c = np.empty(total), np.empty_like(next_states), np.empty(total)
+    out_r[order], out_s1[order], out_c[order] = ret, next_states[order][last], cont
+    return out_r, out_s1, out_c
+
+
+def _per_episode_subsample(episode: np.ndarray, quota: int, rng: np.random.Generator,
+                           terminated: np.ndarray | None = None, tail: int = 0
                            ) -> np.ndarray:
-    """Indices keeping at most ``quota`` uniformly drawn transitions of each episode."""
+    """Indices keeping at most ``quota`` transitions of each episode (``episode``: labels,
+    each episode's transitions in time order): the last ``tail`` transitions of every
+    episode that terminated (``terminated`` marks its last transition), the rest drawn
+    uniformly. Failures are rare once the policy is good; a uniform draw of 20 of a
+    300-step episode keeps its terminal transition with probability 0.07."""
     key = rng.random(len(episode))
+    if tail > 0 and terminated is not None and terminated.any():
+        order = np.argsort(episode, kind="stable")
+        ep_sorted = episode[order]
+        ends = np.r_[np.flatnonzero(np.diff(ep_sorted)), len(order) - 1]
+        length = np.diff(np.r_[-1, ends])
+        to_end = np.repeat(ends, length) - np.arange(len(order))
+        failed = np.repeat(terminated[order][ends], length)
+        key[order[failed & (to_end < tail)]] -= 1.0  # drawn first
     order = np.lexsort((key, episode))
     ep_sorted = episode[order]
     starts = np.r_[0, np.flatnonzero(np.diff(ep_sorted)) + 1]
@@ -554,26 +760,76 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
     return float(np.mean([np.mean(c.episode_returns[-100:]) for c in clients]))
 
 
+#: Per-task settings of the online learner: :func:`run_online`'s defaults and the Flower
+#: app's online defaults (run config ``online-settings = "auto"``). Measured in
+#: ``BENCHMARKS.md`` (5 clients x 600 episodes, seeds 42/43/44). Keys: ``dim`` (D of the
+#: shared encoder), ``enc_gamma`` (RFF bandwidth), ``gamma`` (discount), ``ridge``,
+#: ``proximal``, ``sweeps`` (FQI sweeps per round), ``per_episode`` (buffer quota per
+#: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor);
+#: optional: ``tail``, ``n_step``, ``action_gap``, ``fuse`` (:class:`OnlineClient`),
+#: ``gamma_final``/``gamma_ramp`` (:func:`discount_schedule`), ``compile_ridge`` (ridge of
+#: the heterogeneous setting's teacher compilation, default 1) and ``heterogeneous``
+#: (overrides for heterogeneous encoders).
+ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
+    "CartPole-v1": dict(dim=500, enc_gamma=1.0, gamma=0.9, ridge=1.0, proximal=0.01,
+                        sweeps=5, per_episode=20, tail=20, episodes_per_round=20,
+                        epsilon=(1.0, 0.9, 0.0),
+                        heterogeneous=dict(episodes_per_round=50, epsilon=(1.0, 0.97, 0.0))),
+    "Acrobot-v1": dict(dim=1000, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
+                       sweeps=10, n_step=5, action_gap=0.5, per_episode=20, tail=10,
+                       episodes_per_round=20, epsilon=(1.0, 0.9, 0.0)),
+    "MountainCar-v0": dict(dim=500, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
+                           sweeps=20, per_episode=20, tail=10, episodes_per_round=20,
+                           epsilon=(1.0, 0.9, 0.01)),
+    "LunarLander-v3": dict(dim=500, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
+                           sweeps=10, per_episode=20, tail=10, episodes_per_round=20,
+                           epsilon=(1.0, 0.9, 0.01)),
+}
+
+
+def default_capacity(dim: int) -> int:
+    """Buffer slots of a client with ``dim`` features: ``min(20000, 1e7 // dim)``."""
+    return int(min(20000, 1e7 // dim))
+
+
+def online_settings(env_id: str, encoder: str = "shared") -> dict[str, Any]:
+    """The settings of :data:`ONLINE_SETTINGS` for ``env_id`` under ``encoder`` (an entry's
+    ``"heterogeneous"`` dict overrides for heterogeneous encoders); ``KeyError`` for
+    other tasks."""
+    get_spec(env_id)
+    table = dict(ONLINE_SETTINGS[env_id])
+    hetero = table.pop("heterogeneous", {})
+    if encoder == "heterogeneous":
+        table.update(hetero)
+    return table
+
+
 def run_online(
     env_id: str = "CartPole-v1",
     n_clients: int = 5,
     episodes: int = 600,
-    episodes_per_round: int = 20,
+    episodes_per_round: int | None = None,
     encoder: str = "shared",
     aggregate: str | None = "auto",
     seed: int = 42,
-    dim: int = 500,
-    enc_gamma: float = 1.0,
-    gamma: float = 0.9,
-    ridge: float = 1.0,
-    proximal: float = 0.01,
-    sweeps: int = 5,
+    dim: int | None = None,
+    enc_gamma: float | None = None,
+    gamma: float | None = None,
+    ridge: float | None = None,
+    proximal: float | None = None,
+    action_gap: float | None = None,
+    n_step: int | None = None,
+    fuse: float | None = None,
+    gamma_final: float | None = None,
+    gamma_ramp: int | None = None,
+    tail: int | None = None,
+    sweeps: int | None = None,
     capacity: int | None = None,
-    per_episode: int = 20,
-    epsilon: tuple[float, float, float] = (1.0, 0.9, 0.01),
+    per_episode: int | None = None,
+    epsilon: tuple[float, float, float] | None = None,
     n_anchors: int = 1000,
     anchor_source: str = "rollouts",
-    compile_ridge: float = 1.0,
+    compile_ridge: float | None = None,
     greedy_episodes: int = 10,
     dynamics: Sequence[dict[str, float] | None] | None = None,
     verbose: bool = False,
@@ -596,10 +852,33 @@ def run_online(
 
     Heterogeneous encoders: ``D_i`` cycled from (500, 1000, 2000, 5000), ``gamma_i =
     enc_gamma * U(0.5, 1.5)`` (:func:`fedqhd.encoders.heterogeneous_encoder_params`).
-    ``capacity`` defaults to ``min(20000, 1e7 // D_i)`` slots.
+    ``capacity`` defaults to ``min(20000, 1e7 // D_i)`` slots. Settings left ``None``
+    come from :data:`ONLINE_SETTINGS` for ``env_id``.
     """
     wall0, cpu0 = time.perf_counter(), time.process_time()
     spec = get_spec(env_id)
+    table = online_settings(env_id, encoder)
+    dim = table["dim"] if dim is None else dim
+    enc_gamma = table["enc_gamma"] if enc_gamma is None else enc_gamma
+    gamma = table["gamma"] if gamma is None else gamma
+    ridge = table["ridge"] if ridge is None else ridge
+    proximal = table["proximal"] if proximal is None else proximal
+    sweeps = table["sweeps"] if sweeps is None else sweeps
+    action_gap = table.get("action_gap", 0.0) if action_gap is None else action_gap
+    n_step = table.get("n_step", 1) if n_step is None else n_step
+    fuse = table.get("fuse", 0.0) if fuse is None else fuse
+    gamma_final = table.get("gamma_final", 0.0) if gamma_final is None else gamma_final
+    gamma_ramp = table.get("gamma_ramp", 1) if gamma_ramp is None else gamma_ramp
+    tail = table.get("tail", 0) if tail is None else tail
+    compile_ridge = table.get("compile_ridge", 1.0) if compile_ridge is None else compile_ridge
+    if gamma_final > gamma and n_step > 1:
+        raise ValueError("a discount schedule (gamma_final) needs n_step = 1")
+    discount = discount_schedule(gamma, gamma_final, gamma_ramp)
+    per_episode = table["per_episode"] if per_episode is None else per_episode
+    episodes_per_round = (table["episodes_per_round"] if episodes_per_round is None
+                          else episodes_per_round)
+    start, decay, floor = table["epsilon"] if epsilon is None else epsilon
+    epsilon = (float(start), float(decay), float(floor))
     if encoder not in ("shared", "heterogeneous"):
         raise ValueError(f"encoder must be shared or heterogeneous, got {encoder!r}")
     if aggregate == "auto":
@@ -618,9 +897,10 @@ def run_online(
     clients = []
     for i, e in enumerate(encoders):
         d = e.omega_.shape[1]
-        cap = capacity if capacity is not None else int(min(20000, 1e7 // d))
+        cap = capacity if capacity is not None else default_capacity(d)
         clients.append(OnlineClient(
-            env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, capacity=cap,
+            env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, action_gap=action_gap,
+            n_step=n_step, fuse=fuse, tail=tail, capacity=cap,
             per_episode=per_episode, n_parallel=episodes_per_round,
             seed=int(np.random.SeedSequence([seed, i]).generate_state(1)[0]),
             dynamics=None if dynamics is None else dynamics[i]))
@@ -635,7 +915,10 @@ def run_online(
     global_w = np.zeros((dim, spec.n_actions)) if aggregate == "average" else None
     result = OnlineResult(env_id, encoder, aggregate, seed, math.nan, math.nan,
                           config=dict(episodes_per_round=episodes_per_round, dim=dim,
-                                      gamma=gamma, ridge=ridge, proximal=proximal,
+                                      enc_gamma=enc_gamma, gamma=gamma, ridge=ridge,
+                                      proximal=proximal, action_gap=action_gap,
+                                      n_step=n_step, fuse=fuse, gamma_final=gamma_final,
+                                      gamma_ramp=gamma_ramp, tail=tail,
                                       sweeps=sweeps, per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
                                       compile_ridge=compile_ridge))
@@ -645,6 +928,8 @@ def run_online(
         eps = schedule(np.arange(done, done + k))
         collect_many(clients, [k] * n_clients, [eps] * n_clients, timer=timer)
         done += k
+        for cl in clients:
+            cl.gamma = discount(done)
         weights = np.array([cl.n_transitions for cl in clients], dtype=float)
         weights /= weights.sum()
         if aggregate == "average":

@@ -7,14 +7,17 @@ import json
 import numpy as np
 import pytest
 
+from fedqhd import online
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100
+from fedqhd.online import ONLINE_SETTINGS
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
 
-SMALL = {"protocol": "online", "hd-dim": 300, "gamma": 0.9, "ridge": 1.0, "proximal": 0.01,
+SMALL = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma": 0.9,
+         "ridge": 1.0, "proximal": 0.01,
          "local-iterations": 5, "episodes-per-round": 20, "eval-episodes": 3,
          "num-anchors": 200, "min-nodes": 2}
 
@@ -47,3 +50,63 @@ def test_online_keys_are_validated():
                                    "env-id": "fedqhd/Inventory-v0"})
     with pytest.raises(ConfigError, match="floor <= start"):
         RunConfig.from_run_config({"epsilon-start": 0.1, "epsilon-floor": 0.5})
+
+
+def test_online_auto_settings_follow_the_per_task_table():
+    for (env_id, encoder) in [(e, k) for e in ONLINE_SETTINGS
+                              for k in ("shared", "heterogeneous")]:
+        table = online.online_settings(env_id, encoder)
+        cfg = RunConfig.from_run_config({"protocol": "online", "env-id": env_id,
+                                         "encoder": encoder})
+        assert (cfg.hd_dim, cfg.bandwidth, cfg.gamma, cfg.ridge, cfg.proximal) == (
+            table["dim"], table["enc_gamma"], table["gamma"], table["ridge"], table["proximal"])
+        assert (cfg.local_iterations, cfg.online_per_episode) == (table["sweeps"],
+                                                                  table["per_episode"])
+        assert cfg.online_action_gap == table.get("action_gap", 0.0)
+        assert (cfg.online_fuse, cfg.online_n_step) == (table.get("fuse", 0.0),
+                                                        table.get("n_step", 1))
+        assert (cfg.online_gamma_final, cfg.online_gamma_ramp) == (
+            table.get("gamma_final", 0.0), table.get("gamma_ramp", 1))
+        assert cfg.online_tail == table.get("tail", 0)
+        assert cfg.online_compile_ridge == table.get("compile_ridge", 1.0)
+        assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
+        assert cfg.episodes_per_round == table["episodes_per_round"]
+    # manual keeps the keys as given; the offline protocol never sees the table
+    cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
+                                     "hd-dim": 123, "gamma": 0.5})
+    assert (cfg.hd_dim, cfg.gamma) == (123, 0.5)
+    offline = RunConfig.from_run_config({"env-id": "MountainCar-v0"})
+    assert (offline.hd_dim, offline.gamma, offline.local_iterations) == (2000, 0.99, 3)
+
+
+def test_run_online_defaults_are_the_table(monkeypatch):
+    seen = {}
+
+    def fake_init(self, env_id, encoder, **kw):
+        seen.update(kw, dim=encoder.omega_.shape[1])
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(online.OnlineClient, "__init__", fake_init)
+    for (env_id, encoder) in [(e, k) for e in ONLINE_SETTINGS
+                              for k in ("shared", "heterogeneous")]:
+        table = online.online_settings(env_id, encoder)
+        with pytest.raises(RuntimeError, match="stop"):
+            online.run_online(env_id, encoder=encoder)
+        dim = seen["dim"] if encoder == "heterogeneous" else table["dim"]  # D_i cycled
+        assert (seen["dim"], seen["gamma"], seen["ridge"], seen["proximal"]) == (
+            dim, table["gamma"], table["ridge"], table["proximal"])
+        assert seen["per_episode"] == table["per_episode"]
+        assert (seen["fuse"], seen["n_step"], seen["action_gap"]) == (
+            table.get("fuse", 0.0), table.get("n_step", 1), table.get("action_gap", 0.0))
+        assert seen["n_parallel"] == table["episodes_per_round"]
+
+
+@pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
+def test_online_app_runs_with_the_per_task_settings(tmp_path, encoder):
+    # online-settings = "auto": the table's CartPole settings (tail, epsilon, K) in the app
+    rounds = _run(tmp_path, encoder=encoder, **{"online-settings": "auto",
+                                                "num-server-rounds": 2})["rounds"]
+    k = online.online_settings("CartPole-v1", encoder)["episodes_per_round"]
+    assert len(rounds) == 2 and all(r[C.REPLIES_OK] == 2 for r in rounds)
+    assert all(np.isfinite(r[TRAIN_RETURN_LAST100]) for r in rounds)
+    assert rounds[-1][C.NUM_TRANSITIONS] >= 2 * 2 * k * 8  # 2 clients x 2 rounds x k episodes

@@ -27,7 +27,12 @@ from fedqhd.config import RunConfig
 from fedqhd.data.partition import partition_settings
 from fedqhd.learners.base import Arrays, Metrics, ServerPlan, partition
 from fedqhd.learners.fqi import FQI, client_encoder, greedy_return
-from fedqhd.online import OnlineClient, epsilon_schedule
+from fedqhd.online import (
+    OnlineClient,
+    default_capacity,
+    discount_schedule,
+    epsilon_schedule,
+)
 from fedqhd.seeding import shard_seed
 from fedqhd.strategies import contract as C
 
@@ -44,8 +49,13 @@ def node_client(context: Context, cfg: RunConfig) -> tuple[OnlineClient, dict[st
         encoder = client_encoder(cfg, pid)
         dynamics = partition_settings(cfg.partition, pid, n_parts, cfg.seed,
                                       env_id=cfg.env_id)["dynamics"]
+        dim = int(encoder.omega_.shape[1])
+        capacity = cfg.online_capacity or default_capacity(dim)
         client = OnlineClient(cfg.env_id, encoder, gamma=cfg.gamma, ridge=cfg.ridge,
-                              proximal=cfg.proximal, capacity=cfg.online_capacity,
+                              proximal=cfg.proximal, action_gap=cfg.online_action_gap,
+                              fuse=cfg.online_fuse, n_step=cfg.online_n_step,
+                              tail=cfg.online_tail,
+                              capacity=capacity,
                               per_episode=cfg.online_per_episode,
                               n_parallel=cfg.episodes_per_round,
                               seed=shard_seed(cfg.seed, pid), dynamics=dynamics or None)
@@ -68,7 +78,8 @@ def _adopt(client: OnlineClient, cache: dict[str, Any], arrays: Arrays, cfg: Run
             cache["anchor-digest"] = digest
             cache["anchor-features"] = client.encoder.encode(anchors).astype(np.float32)
         metrics[C.PROJECTION_RESIDUAL] = client.compile(cache["anchor-features"],
-                                                        arrays[C.TEACHER], cfg.ridge)
+                                                        arrays[C.TEACHER],
+                                                        cfg.online_compile_ridge or cfg.ridge)
 
 
 class FQIOnline(FQI):
@@ -94,6 +105,8 @@ class FQIOnline(FQI):
         schedule = epsilon_schedule(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor)
         k = cfg.episodes_per_round
         client.collect(k, schedule(np.arange(done, done + k)))
+        client.gamma = discount_schedule(cfg.gamma, cfg.online_gamma_final,
+                                         cfg.online_gamma_ramp)(done + k)
         client.fit(cfg.local_iterations, init=start, prior=start)
         metrics.update({C.NUM_TRANSITIONS: client.n_transitions,
                         TRAIN_RETURN_LAST100: float(np.mean(client.episode_returns[-100:]))})
