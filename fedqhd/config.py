@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -175,6 +176,10 @@ class RunConfig:
     protocol: str = field(default="offline", metadata=_key(
         _choice(PROTOCOLS), "offline: fixed private shards; online: clients collect "
         "episodes-per-round episodes with their current policy every round (fqi)"))
+    online_episodes: int = field(default=600, metadata=_key(
+        _int_range(1, 10_000_000), "online, online-settings = auto: episodes each client "
+        "collects in the run (the paper: 600); sets num-server-rounds to "
+        "ceil(online-episodes / episodes-per-round)"))
     episodes_per_round: int = field(default=20, metadata=_key(
         _int_range(1, 100_000), "online: episodes each client collects per round"))
     epsilon_start: float = field(default=1.0, metadata=_key(
@@ -277,6 +282,9 @@ class RunConfig:
             for name, value in zip(("epsilon_start", "epsilon_decay", "epsilon_floor"),
                                    table["epsilon"], strict=True):
                 object.__setattr__(self, name, float(value))
+            # the paper's protocol is counted in episodes: as many rounds as they take
+            object.__setattr__(self, "num_server_rounds",
+                               math.ceil(self.online_episodes / self.episodes_per_round))
         if self.epsilon_min > self.epsilon_max:
             raise ConfigError(f"run-config keys 'epsilon-min' ({self.epsilon_min}) and "
                               f"'epsilon-max' ({self.epsilon_max}): need min <= max")

@@ -110,3 +110,13 @@ def test_online_app_runs_with_the_per_task_settings(tmp_path, encoder):
     assert len(rounds) == 2 and all(r[C.REPLIES_OK] == 2 for r in rounds)
     assert all(np.isfinite(r[TRAIN_RETURN_LAST100]) for r in rounds)
     assert rounds[-1][C.NUM_TRANSITIONS] >= 2 * 2 * k * 8  # 2 clients x 2 rounds x k episodes
+
+
+def test_online_auto_runs_the_papers_600_episodes_per_client():
+    shared = RunConfig.from_run_config({"protocol": "online", "env-id": "CartPole-v1"})
+    assert shared.num_server_rounds * shared.episodes_per_round == 600
+    het = RunConfig.from_run_config({"protocol": "online", "encoder": "heterogeneous"})
+    assert het.num_server_rounds * het.episodes_per_round == 600
+    short = RunConfig.from_run_config({"protocol": "online", "online-episodes": 100})
+    assert short.num_server_rounds == 5  # ceil(100 / 20)
+    assert RunConfig().num_server_rounds == 20  # offline runs keep their own rounds
