@@ -104,9 +104,9 @@ def test_run_online_defaults_are_the_table(monkeypatch):
 @pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
 def test_online_app_runs_with_the_per_task_settings(tmp_path, encoder):
     # online-settings = "auto": the table's CartPole settings (tail, epsilon, K) in the app
-    rounds = _run(tmp_path, encoder=encoder, **{"online-settings": "auto",
-                                                "num-server-rounds": 2})["rounds"]
     k = online.online_settings("CartPole-v1", encoder)["episodes_per_round"]
+    rounds = _run(tmp_path, encoder=encoder, **{"online-settings": "auto",
+                                                "online-episodes": 2 * k})["rounds"]
     assert len(rounds) == 2 and all(r[C.REPLIES_OK] == 2 for r in rounds)
     assert all(np.isfinite(r[TRAIN_RETURN_LAST100]) for r in rounds)
     assert rounds[-1][C.NUM_TRANSITIONS] >= 2 * 2 * k * 8  # 2 clients x 2 rounds x k episodes
