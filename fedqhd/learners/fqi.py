@@ -340,9 +340,10 @@ class FQI:
 
     def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
         gap = (f" | consensus gap {row[C.CONSENSUS_GAP]:.3g}" if C.CONSENSUS_GAP in row else "")
+        residual = (f" | bellman residual {row[C.BELLMAN_RESIDUAL]:.3g}"
+                    if C.BELLMAN_RESIDUAL in row else "")
         return (f"return {row.get(C.RETURN_MEAN, float('nan')):.1f} +- "
-                f"{row.get(C.RETURN_STD, float('nan')):.1f} | bellman residual "
-                f"{row.get(C.BELLMAN_RESIDUAL, float('nan')):.3g}{gap} | replies ok "
+                f"{row.get(C.RETURN_STD, float('nan')):.1f}{residual}{gap} | replies ok "
                 f"{row.get(C.REPLIES_OK, 0)} failed {row.get(C.REPLIES_FAILED, 0)} rejected "
                 f"{row.get(C.REPLIES_REJECTED, 0)}")
 
