@@ -46,6 +46,7 @@ from fedqhd.encoders import (
 )
 from fedqhd.envs import get_spec, make_env, validate_dynamics
 from fedqhd.readout import bellman_targets, value_range
+from fedqhd.seeding import online_client_rng, shard_seed
 
 __all__ = [
     "AcrobotBatch",
@@ -363,7 +364,7 @@ class OnlineClient:
         if form not in ("primal", "dual"):
             raise ValueError(f"form must be auto, primal or dual, got {form!r}")
         self.form = form
-        self.rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x0B1E]))
+        self.rng = online_client_rng(seed)
         self.env = make_batch_env(env_id, int(n_parallel), self.rng, dynamics)
         self.n_parallel = int(n_parallel)
         cap, dim = self.capacity, self.dim
@@ -902,7 +903,7 @@ def run_online(
             env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, action_gap=action_gap,
             n_step=n_step, fuse=fuse, tail=tail, capacity=cap,
             per_episode=per_episode, n_parallel=episodes_per_round,
-            seed=int(np.random.SeedSequence([seed, i]).generate_state(1)[0]),
+            seed=shard_seed(seed, i),
             dynamics=None if dynamics is None else dynamics[i]))
     for cl in clients:
         cl.timer = timer

@@ -27,6 +27,10 @@ _POOL_ANCHORS = 0xA2C
 _POOL_DATA = 1
 _POOL_NOISE = 2
 _POOL_EVALUATION = 3
+_ONLINE_CLIENT = 0x0B1E
+_DQN_BATCHES = 0xBA7C
+_DQN_INIT = 0x1417
+_DQN_EVALUATION_OFFSET = 10**6
 
 
 def _int(*entropy: int) -> int:
@@ -91,6 +95,32 @@ def pool_noise_seed(seed: int, partition_id: int) -> int:
 def pool_evaluation_seed(seed: int) -> int:
     """Simulated demands on which every POOL policy of a run is scored (common random numbers)."""
     return _int(seed, SERVER, _POOL_EVALUATION)
+
+
+def online_client_rng(seed: int) -> np.random.Generator:
+    """An online client's exploration, buffer sampling and batch-env resets (``seed`` is the
+    client's own, e.g. :func:`shard_seed` of the run seed and its partition id)."""
+    return _rng(seed, _ONLINE_CLIENT)
+
+
+def dqn_client_rngs(seed: int, n_clients: int) -> list[np.random.Generator]:
+    """Each DQN client's exploration and environment resets."""
+    return [_rng(seed, i) for i in range(n_clients)]
+
+
+def dqn_batch_rng(seed: int, n_clients: int) -> np.random.Generator:
+    """The DQN clients' replay minibatch draws."""
+    return _rng(seed, n_clients, _DQN_BATCHES)
+
+
+def dqn_init_rng(seed: int) -> np.random.Generator:
+    """The DQN networks' initial weights."""
+    return _rng(seed, _DQN_INIT)
+
+
+def dqn_evaluation_seed(seed: int) -> int:
+    """Episode seeds of the DQN baselines' greedy evaluation."""
+    return int(seed) + _DQN_EVALUATION_OFFSET
 
 
 def seed_globals(seed: int) -> None:

@@ -46,6 +46,7 @@ import numpy as np
 
 from fedqhd.anchors import make_anchors
 from fedqhd.envs import get_spec, make_env, rollout_returns
+from fedqhd.seeding import dqn_batch_rng, dqn_client_rngs, dqn_evaluation_seed, dqn_init_rng
 
 __all__ = [
     "DQNClients",
@@ -200,7 +201,7 @@ class DQNClients:
         Number of clients held (vectorised); a Flower client holds 1.
     seed : int
         Seeds network init, env resets, exploration and minibatches; client ``i``
-        of ``DQNClients(seed=s)`` draws from ``SeedSequence([s, i])``.
+        of ``DQNClients(seed=s)`` draws from :func:`fedqhd.seeding.dqn_client_rngs`.
     hidden : (int, int) or sequence of (int, int)
         Hidden widths, one pair for all clients or one per client
         (default: the paper's (128, 256)).
@@ -254,17 +255,15 @@ class DQNClients:
         self.eps_decay, self.eps_min = float(eps_decay), float(eps_min)
         self._k = _kernels(float(lr), float(gamma))
 
-        seqs = [np.random.SeedSequence([int(seed), i]) for i in range(n)]
-        self._rngs = [np.random.default_rng(s) for s in seqs]
-        self._batch_rng = np.random.default_rng(np.random.SeedSequence([int(seed), n, 0xBA7C]))
+        self._rngs = dqn_client_rngs(seed, n)
+        self._batch_rng = dqn_batch_rng(seed, n)
         h1m = max(h[0] for h in self.hidden)
         h2m = max(h[1] for h in self.hidden)
         self._h_max = (h1m, h2m)
         stacked = [np.zeros((n, *shape), np.float32) for shape in self._shapes(h1m, h2m)]
-        init_rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x1417]))
+        init_rng = dqn_init_rng(seed)
         for i, (h1, h2) in enumerate(self.hidden):
-            rng = init_rng if not same_init else np.random.default_rng(
-                np.random.SeedSequence([int(seed), 0x1417]))
+            rng = init_rng if not same_init else dqn_init_rng(seed)
             self._pad_into(stacked, i, _init_mlp(rng, (self.obs_dim, h1, h2, self.n_actions)))
         masks = (np.zeros((n, h1m), np.float32), np.zeros((n, h2m), np.float32))
         for i, (h1, h2) in enumerate(self.hidden):
@@ -457,7 +456,8 @@ def run_fedavg_dqn(
 
     Returns a dict with per-round ``rounds`` (``train-return-last100`` so far),
     ``returns`` (n_clients, episodes), the final ``train-return-last100``, the
-    global network's ``greedy-return`` over ``eval_episodes`` (seed ``seed + 10**6``),
+    global network's ``greedy-return`` over ``eval_episodes`` (episode seeds:
+    :func:`fedqhd.seeding.dqn_evaluation_seed`),
     ``wall-s``, ``cpu-s`` (``time.process_time``) and per-step costs.
     """
     if weighting not in ("uniform", "transitions"):
@@ -486,7 +486,7 @@ def run_fedavg_dqn(
                       f"eps {clients.epsilon[0]:.3f} {time.perf_counter() - t_wall:.0f}s",
                       flush=True)
         greedy = [rollout_returns(env_id, clients.greedy_policy(0), eval_episodes,
-                                  seed + 10**6).mean()]
+                                  dqn_evaluation_seed(seed)).mean()]
         return _finish(clients, ret, rounds, greedy, time.perf_counter() - t_wall,
                        time.process_time() - t_cpu, {"method": "fedavg-dqn",
                                                      "weighting": weighting})
@@ -544,7 +544,8 @@ def run_distill_dqn(
             done += k
             if done >= episodes:  # diagnostic: does the last distillation help the policy?
                 before_last = [rollout_returns(env_id, clients.greedy_policy(i), eval_episodes,
-                                               seed + 10**6).mean() for i in range(n_clients)]
+                                               dqn_evaluation_seed(seed)).mean()
+                               for i in range(n_clients)]
             teacher = clients.q_values(anchors).mean(axis=0)
             kl0, kl1 = clients.distill(anchors, teacher, tau, distill_steps)
             ret = np.concatenate(chunks, axis=1)
@@ -556,7 +557,7 @@ def run_distill_dqn(
                       f"kl {kl0.mean():.4f}->{kl1.mean():.4f} "
                       f"{time.perf_counter() - t_wall:.0f}s", flush=True)
         greedy = [rollout_returns(env_id, clients.greedy_policy(i), eval_episodes,
-                                  seed + 10**6).mean() for i in range(n_clients)]
+                                  dqn_evaluation_seed(seed)).mean() for i in range(n_clients)]
         return _finish(clients, ret, rounds, greedy, time.perf_counter() - t_wall,
                        time.process_time() - t_cpu,
                        {"method": "distill-dqn", "setting": setting, "tau": tau,
