@@ -21,17 +21,23 @@ CONVERGENT = dict(env_id="CartPole-v1", hd_dim=200, ridge=3.0, gamma=0.9, local_
                   episodes_per_client=3, seed=0)
 
 
-@pytest.fixture(scope="module")
-def problem():
-    cfg = RunConfig(**CONVERGENT)
+def _pooled_problem(cfg: RunConfig, sweeps: int):
+    """The clients' shards, the shared encoder, the pooled data states and the readout of
+    ``sweeps`` sweeps of ridge FQI on the pooled shards."""
     spec = get_spec(cfg.env_id)
     shards = [client_shard(cfg.env_id, cfg.partition, i, N_CLIENTS, cfg.episodes_per_client,
                            cfg.seed) for i in range(N_CLIENTS)]
     encoder = shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(spec.obs_bound)
     data = pooled(shards)
     reference = FQILearner(data, encoder, spec.n_actions, cfg.gamma, cfg.ridge, proximal=0.0)
-    reference.train(400)  # gamma^400 ~ 5e-19: converged
-    return cfg, spec, shards, encoder, encoder.encode(data.observations), reference.readout
+    reference.train(sweeps)
+    return spec, shards, encoder, encoder.encode(data.observations), reference.readout
+
+
+@pytest.fixture(scope="module")
+def problem():
+    cfg = RunConfig(**CONVERGENT)
+    return cfg, *_pooled_problem(cfg, 400)  # gamma^400 ~ 5e-19: converged
 
 
 def _relative_q_error(phi, readout, reference):
@@ -129,19 +135,13 @@ def test_admm_at_the_default_gamma_and_ridge_converges_to_bounded_pooled_fqi():
     are all 1, so every shard gives [0, 100]. (Without the bound the gap stalls near 3e-2
     while the Q-values grow: 1.4e6 after 1000 rounds at penalty 2.5e-4.)"""
     cfg = RunConfig(episodes_per_client=3, admm_penalty=0.01)  # 2.5e-4 (default): slower
-    spec = get_spec(cfg.env_id)
-    shards = [client_shard(cfg.env_id, cfg.partition, i, N_CLIENTS, cfg.episodes_per_client,
-                           cfg.seed) for i in range(N_CLIENTS)]
-    encoder = shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(spec.obs_bound)
-    data = pooled(shards)
-    reference = FQILearner(data, encoder, spec.n_actions, cfg.gamma, cfg.ridge, proximal=0.0)
-    reference.train(ROUNDS_TO_FIXED_POINT)
+    spec, shards, encoder, states, reference = _pooled_problem(cfg, ROUNDS_TO_FIXED_POINT)
     learners = [FQILearner(s, encoder, spec.n_actions, cfg.gamma,
                            local_ridge(cfg.ridge, N_CLIENTS),
                            proximal=local_proximal(cfg, s.n_transitions)) for s in shards]
     z, metrics = _admm(learners, _weights(shards), ROUNDS, cfg.local_iterations)
     assert metrics["consensus-gap"] < 1e-3
-    assert _relative_q_error(encoder.encode(data.observations), z, reference.readout) < 1e-3
+    assert _relative_q_error(states, z, reference) < 1e-3
 
 
 # measured after 100 / 200 rounds: gap 1.1e-3 / 8.5e-5, Q error vs pooled 9.4e-4 / 4.3e-5

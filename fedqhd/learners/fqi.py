@@ -327,15 +327,15 @@ class FQI:
 
         shape = [cfg.hd_dim, spec.n_actions]
         initial = C.to_array_record({C.READOUT: np.zeros(shape)})
+        # the server evaluates a global readout itself: no federated evaluation rounds
+        readout_kwargs = {k: v for k, v in strategy_kwargs.items() if k != "min_evaluate_nodes"}
         if cfg.resolved_strategy == "exact":
             exact = FedQHDExact(cfg.hd_dim, spec.n_actions, cfg.gamma, cfg.ridge,
-                                fraction_evaluate=0.0,
-                                **{k: v for k, v in strategy_kwargs.items()
-                                   if k != "min_evaluate_nodes"})
+                                fraction_evaluate=0.0, **readout_kwargs)
             return ServerPlan(exact, initial, evaluate, {"readout-shape": shape})
         # ADMM's consensus is over all clients: keep every node's latest reply
         avg = FedQHDAvg(fraction_evaluate=0.0, aggregate="latest" if uses_admm(cfg) else "sampled",
-                        **{k: v for k, v in strategy_kwargs.items() if k != "min_evaluate_nodes"})
+                        **readout_kwargs)
         return ServerPlan(avg, initial, evaluate, {"readout-shape": shape})
 
     def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
