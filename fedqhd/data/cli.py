@@ -7,7 +7,10 @@
 and prints a summary; it exits with 1 on the first invalid file.
 ``fedqhd data import --npz FILE --env ID --num-partitions N --out DIR`` turns a
 user's own transitions (arrays named as in the shard schema; ``episode_ids``
-optional) into the same shard folder (:func:`fedqhd.data.shards_from_arrays`).
+optional) into the same shard folder (:func:`fedqhd.data.shards_from_arrays`);
+``--minari DATASET_ID`` instead of ``--npz`` reads a local Minari dataset, and
+``fedqhd data export DIR --minari DATASET_ID`` writes shards back as one
+(:mod:`fedqhd.data.minari_io`, extra ``minari``).
 ``--env-module MODULE`` imports a module that registers the user's environments
 first (as the run-config key ``env-module`` does in a run).
 """
@@ -34,6 +37,8 @@ MANIFEST_NAME = "manifest.json"
 
 
 ENV_HELP = "a registered env id (the four tasks, or one registered by --env-module)"
+MINARI_ROOT_HELP = ("Minari's dataset folder (default: $MINARI_DATASETS_PATH, else "
+                    "~/.minari/datasets)")
 ENV_MODULE_HELP = ("module(s) to import first, comma-separated; importing registers your "
                    "environments (as run-config key env-module)")
 
@@ -49,7 +54,7 @@ def _would_overwrite(out: Path, targets: list[Path], force: bool) -> bool:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``data`` command (``generate``, ``inspect``, ``import``) to the parser."""
+    """Add the ``data`` command (``generate``, ``inspect``, ``import``, ``export``)."""
     data = subparsers.add_parser("data", help="generate, import and inspect trajectory shards")
     sub = data.add_subparsers(dest="data_command", required=True)
 
@@ -72,11 +77,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ins.add_argument("--env-module", default="", help=ENV_MODULE_HELP)
     ins.set_defaults(func=cmd_inspect)
 
-    imp = sub.add_parser("import", help="shards from your own transitions (.npz of arrays)")
-    imp.add_argument("--npz", required=True, type=Path,
-                     help="arrays observations, actions, rewards, next_observations, "
-                     "terminated, truncated (episode_ids optional: else from the done flags)")
-    imp.add_argument("--env", required=True, help=ENV_HELP)
+    imp = sub.add_parser("import", help="shards from your own transitions (.npz of arrays "
+                         "or a local Minari dataset)")
+    source = imp.add_mutually_exclusive_group(required=True)
+    source.add_argument("--npz", type=Path,
+                        help="arrays observations, actions, rewards, next_observations, "
+                        "terminated, truncated (episode_ids optional: else from the done flags)")
+    source.add_argument("--minari", metavar="DATASET_ID",
+                        help="a local Minari dataset (extra: fedqhd[minari]; nothing is "
+                        "downloaded)")
+    imp.add_argument("--minari-root", default=None, help=MINARI_ROOT_HELP)
+    imp.add_argument("--env", default=None,
+                     help=ENV_HELP + "; required with --npz, with --minari the dataset's env")
     imp.add_argument("--env-module", default="", help=ENV_MODULE_HELP)
     imp.add_argument("--num-partitions", type=int, default=1, help="number of clients")
     imp.add_argument("--partition-key", default=None, metavar="ARRAY",
@@ -86,6 +98,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument("--out", required=True, type=Path, help="output folder")
     imp.add_argument("--force", action="store_true", help="overwrite existing shard files")
     imp.set_defaults(func=cmd_import)
+
+    exp = sub.add_parser("export", help="write a shard folder as a local Minari dataset")
+    exp.add_argument("path", type=Path, help="a folder of shard-<i>.npz (or one shard file)")
+    exp.add_argument("--minari", required=True, metavar="DATASET_ID",
+                     help="id of the new dataset, e.g. cartpole/fedqhd-v0")
+    exp.add_argument("--minari-root", default=None, help=MINARI_ROOT_HELP)
+    exp.add_argument("--env-module", default="", help=ENV_MODULE_HELP)
+    exp.set_defaults(func=cmd_export)
 
 
 def _load_env(args: argparse.Namespace) -> str | None:
@@ -183,20 +203,23 @@ def summarize(shard: Shard) -> str:
     return "\n".join(lines)
 
 
+def _shard_files(path: Path) -> list[Path]:
+    """``path`` itself, or the ``shard-<i>.npz`` files in the folder ``path``, in order."""
+    if not path.is_dir():
+        return [path]
+    return sorted(path.glob("shard-*.npz"), key=lambda p: (len(p.name), p.name))
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Validate and summarise ``args.path`` (file or folder); return the exit code."""
     problem = _load_env(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    path: Path = args.path
-    if path.is_dir():
-        files = sorted(path.glob("shard-*.npz"), key=lambda p: (len(p.name), p.name))
-        if not files:
-            print(f"error: {path}: no shard-*.npz files", file=sys.stderr)
-            return 1
-    else:
-        files = [path]
+    files = _shard_files(args.path)
+    if not files:
+        print(f"error: {args.path}: no shard-*.npz files", file=sys.stderr)
+        return 1
     for file in files:
         try:
             shard = load_shard(file, expected_env_id=args.env)
@@ -208,11 +231,36 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {key: npz[key] for key in npz.files}
+    except (OSError, ValueError) as exc:
+        raise ShardError(f"{path}: cannot read a .npz archive ({exc})") from exc
+
+
+def _read_minari(args: argparse.Namespace) -> dict[str, np.ndarray]:
+    """The Minari dataset's transitions; sets ``args.env`` from it when not given."""
+    from fedqhd.data.minari_io import arrays_from_minari, minari_env_id
+
+    if args.env is None:
+        args.env = minari_env_id(args.minari, args.minari_root)
+        if args.env is None:
+            raise ShardError(f"minari dataset {args.minari!r} records no env; give --env")
+        if not is_registered(args.env):
+            raise ShardError(f"minari dataset {args.minari!r} is of {args.env!r}, which fedqhd "
+                             "does not know: register it in a module given by --env-module")
+    return arrays_from_minari(args.minari, args.minari_root)
+
+
 def cmd_import(args: argparse.Namespace) -> int:
-    """Turn ``args.npz``'s arrays into shards in ``args.out``; return the exit code."""
+    """Turn ``args.npz``'s arrays (or the Minari dataset ``args.minari``) into shards in
+    ``args.out``; return the exit code."""
     from fedqhd.data.arrays import shards_from_arrays
 
     problem = _load_env(args)
+    if args.npz is not None and args.env is None:
+        problem = problem or "--env is required with --npz"
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -223,11 +271,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     targets = [out / shard_filename(i) for i in range(args.num_partitions)]
     if _would_overwrite(out, targets, args.force):
         return 2
+    source = str(args.npz) if args.npz is not None else f"minari:{args.minari}"
     try:
-        with np.load(args.npz, allow_pickle=False) as npz:
-            arrays = {key: npz[key] for key in npz.files}
-    except (OSError, ValueError) as exc:
-        print(f"error: {args.npz}: cannot read a .npz archive ({exc})", file=sys.stderr)
+        arrays = _read_npz(args.npz) if args.npz is not None else _read_minari(args)
+    except (ImportError, ShardError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     names = ("observations", "actions", "rewards", "next_observations", "terminated",
              "truncated")
@@ -235,7 +283,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.partition_key and args.partition_key not in arrays:
         missing.append(args.partition_key)
     if missing:
-        print(f"error: {args.npz} lacks arrays: {', '.join(missing)} (has: "
+        print(f"error: {source} lacks arrays: {', '.join(missing)} (has: "
               f"{', '.join(sorted(arrays))})", file=sys.stderr)
         return 2
     partition = arrays[args.partition_key] if args.partition_key else "iid"
@@ -244,7 +292,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                                     episode_ids=arrays.get("episode_ids"), env_id=args.env,
                                     num_partitions=args.num_partitions,
                                     partition=partition, seed=args.seed,
-                                    metadata={"source": str(args.npz)})
+                                    metadata={"source": source})
         entries: list[dict[str, Any]] = []
         for i, (shard, path) in enumerate(zip(shards, targets, strict=True)):
             save_shard(shard, path)
@@ -254,11 +302,34 @@ def cmd_import(args: argparse.Namespace) -> int:
     except ValueError as exc:  # ShardError included
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    settings = {"env_id": args.env, "source": str(args.npz), "num_partitions": args.num_partitions,
+    settings = {"env_id": args.env, "source": source, "num_partitions": args.num_partitions,
                 "partition": args.partition_key or "iid", "seed": args.seed}
     manifest = {"format_version": FORMAT_VERSION, "settings": settings, "shards": entries}
     (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     total = sum(e["n_transitions"] for e in entries)
     print(f"wrote {len(entries)} shards ({total} transitions of {len(arrays['actions'])}) and "
           f"{MANIFEST_NAME} to {out}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the shards at ``args.path`` as the Minari dataset ``args.minari``."""
+    problem = _load_env(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    files = _shard_files(args.path)
+    if not files:
+        print(f"error: {args.path}: no shard-*.npz files", file=sys.stderr)
+        return 1
+    try:
+        from fedqhd.data.minari_io import export_to_minari
+
+        shards = [load_shard(file) for file in files]
+        dataset = export_to_minari(shards, args.minari, args.minari_root)
+    except (ImportError, ShardError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote minari dataset {args.minari}: {dataset.total_episodes} episodes, "
+          f"{dataset.total_steps} transitions from {len(files)} shard file(s)")
     return 0
