@@ -224,7 +224,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "environments (passed on as run-config key env-module)")
     p.add_argument("--clients", type=int, help="clients (default 10; --suite paper: 5)")
     p.add_argument("--seeds", help="comma-separated (default 0,1,2; --suite paper: 42,43,44)")
-    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--rounds", type=int, help="rounds (default 30; --suite scale: 5)")
     p.add_argument("--out", type=Path,
                    help="output folder (default outputs/bench; --suite paper: outputs/paper)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -237,13 +237,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dim", type=int, default=2000, help="D for --speed")
     suite = p.add_argument_group("the paper's table (--suite paper): online protocol, "
                                  "5 clients x 600 episodes, seeds 42,43,44 unless given")
-    suite.add_argument("--suite", choices=["paper"],
-                       help="instead: the FedQHD paper's table (fedqhd.paper)")
+    suite.add_argument("--suite", choices=["paper", "scale"],
+                       help="instead: the FedQHD paper's table (fedqhd.paper), or the scale "
+                       "suite (fedqhd.scale: in-process vs flwr run round time at --clients, "
+                       "streamed-fit memory, FedQHDExact exactness, BLAS fraction)")
     suite.add_argument("--envs", help="comma-separated tasks (default: all four)")
     suite.add_argument("--settings", help="shared,heterogeneous (default: both)")
     suite.add_argument("--methods", help="comma-separated (default: "
                        "fedqhd,independent,fedavg-dqn,distill-dqn)")
     suite.add_argument("--episodes", type=int, default=600, help="episodes per client")
+    scale = p.add_argument_group("--suite scale (default --clients 10 --rounds 5)")
+    scale.add_argument("--no-flwr", action="store_true",
+                       help="skip the flwr run (Ray) measurement")
+    scale.add_argument("--transitions", type=int, default=20_000,
+                       help="transitions of the streamed fit (at --dim)")
+    scale.add_argument("--app", type=Path, default=Path("."),
+                       help="the Flower app folder flwr run builds (default: .)")
     p.set_defaults(func=_main)
 
 
@@ -293,6 +302,25 @@ def _paper_suite(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scale_suite(args: argparse.Namespace) -> int:
+    from fedqhd import scale
+
+    out = args.out or Path("outputs/scale")
+    if not args.no_flwr and not (args.app / "pyproject.toml").is_file():
+        raise SystemExit(f"--app {args.app}: no pyproject.toml (the Flower app flwr run builds); "
+                         "run from the fedqhd checkout or pass --no-flwr")
+    overrides = {"env-id": args.env,
+                 **{k.replace("_", "-"): v for k, v in parse_overrides(args.set).items()}}
+    seed = int(args.seeds.split(",")[0]) if args.seeds else 0
+    summary = scale.run_suite(args.clients or 10, args.rounds or 5, out,
+                              flwr=not args.no_flwr, app_dir=args.app.resolve(),
+                              run_config=overrides, transitions=args.transitions,
+                              dim=args.dim, seed=seed)
+    print(scale.markdown(summary))
+    print(f"written {out / 'scale.json'}")
+    return 0
+
+
 def _main(args: argparse.Namespace) -> int:
     from fedqhd.config import ConfigError
 
@@ -304,6 +332,9 @@ def _main(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {exc}") from None
     if args.suite == "paper":
         return _paper_suite(args)
+    if args.suite == "scale":
+        return _scale_suite(args)
+    args.rounds = args.rounds or 30
     args.clients = args.clients or 10
     args.seeds = args.seeds or "0,1,2"
     args.out = args.out or Path("outputs/bench")

@@ -145,6 +145,12 @@ class RunConfig:
                                                     "nodes to wait for before a round"))
     output_dir: str = field(default="outputs", metadata=_key(
         lambda v: None if v else "a folder path", "results go to <output-dir>/<date>/<time>/"))
+    learner_cache_mib: int = field(default=1024, metadata=_key(_int_range(0, 1 << 30), (
+        "MiB of node learners (encoded shards) one process keeps between rounds; the "
+        "rest are rebuilt per message (same results)")))
+    sim_window: int = field(default=32, metadata=_key(_int_range(0, 1 << 30), (
+        "flwr run simulation only: messages stored at once (0: all, as Flower does); "
+        "Flower's engine scans every stored message per node and poll")))
     round_timeout: float = field(default=600.0, metadata=_key(
         _float_range(0.0, 1e6, lo_open=True),
         "seconds to wait for a round's replies; late or lost ones count as timed out"))

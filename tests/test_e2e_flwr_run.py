@@ -42,6 +42,9 @@ def test_flwr_run_writes_results(tmp_path: Path, local_superlink: dict[str, str]
     assert [r["round"] for r in data["rounds"]] == [1, 2]
     assert all(r["replies-ok"] == 5 and r["replies-failed"] == 0 for r in data["rounds"])
     assert all(r["return-mean"] > 0 for r in data["rounds"])
+    # each Ray actor limited its BLAS pool to the 1 CPU Ray gave it (client-resources-num-cpus)
+    assert all(r["blas-threads"] == pytest.approx(1.0) for r in data["rounds"]), data["rounds"]
+    assert "ClientApp process under Ray with 1 CPU(s): BLAS threads 1" in log, log[-4000:]
     assert data["final"]["return-mean"] == data["rounds"][-1]["return-mean"]
     run_dir = results[0].parent
     assert json.loads((run_dir / "run_config.json").read_text())["config"]["hd-dim"] == 500

@@ -6,6 +6,8 @@ encoder) or Q-values on the server's anchor states (heterogeneous encoders), for
 (:mod:`fedqhd.learners`) reads the node's private shard (node config
 ``data-dir``, else run config ``data-dir``, else generated from (seed,
 partition-id)) and keeps what it needs between rounds in ``context.state``.
+Under Ray, each ClientApp process first limits its BLAS threads to the CPUs Ray gave
+it (:mod:`fedqhd.threads`); every train reply reports them (``blas-threads``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from flwr.clientapp import ClientApp
 from fedqhd.config import RunConfig
 from fedqhd.learners import get_learner
 from fedqhd.strategies import contract as C
+from fedqhd.threads import limit_client_threads
 
 app = ClientApp()
 
@@ -39,12 +42,15 @@ def _reply(msg: Message, arrays: dict[str, np.ndarray] | None,
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """The learner's local step on the global model; reply its arrays and metrics."""
+    threads = limit_client_threads()  # first message of a Ray actor: its CPUs, not the host's
     cfg = RunConfig.from_run_config(context.run_config)
-    return _reply(msg, *get_learner(cfg.learner_key).train(context, cfg, _arrays(msg)))
+    arrays, metrics = get_learner(cfg.learner_key).train(context, cfg, _arrays(msg))
+    return _reply(msg, arrays, {**metrics, C.BLAS_THREADS: threads})
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     """The learner's evaluation of the global model on this client (metrics only)."""
+    limit_client_threads()
     cfg = RunConfig.from_run_config(context.run_config)
     return _reply(msg, None, get_learner(cfg.learner_key).evaluate(context, cfg, _arrays(msg)))

@@ -28,6 +28,7 @@ from fedqhd.data import Shard, client_shard
 from fedqhd.encoders import HDEncoder, heterogeneous_encoder_params, shared_encoder_params
 from fedqhd.envs import ENV_IDS, batch_rollout_returns, get_spec, has_heuristic
 from fedqhd.learners.base import Arrays, Metrics, ServerPlan, env_problem, partition
+from fedqhd.learners.cache import BoundedCache
 from fedqhd.readout import RidgeFQI, RidgeSystem, StreamingRidgeFQI, chunked_grams
 from fedqhd.seeding import SERVER, anchor_seed, evaluation_seed
 from fedqhd.strategies import FedQHDAnchor, FedQHDAvg, FedQHDExact
@@ -245,18 +246,20 @@ def local_proximal(cfg: RunConfig, n_transitions: int) -> float:
     return cfg.admm_penalty * n_transitions if uses_admm(cfg) else cfg.proximal
 
 
-#: learners kept in this process between rounds (encoded shard and factorisations), for
-#: every node of the current run this process serves (a Ray actor serves many nodes);
-#: a new process rebuilds the same learner deterministically
-_NODE_LEARNERS: dict[tuple[Any, ...], tuple[FQILearner, Shard]] = {}
+#: learners kept in this process between rounds (encoded shard and factorisations) for
+#: the nodes of the current run this process serves (a Ray actor serves many nodes), up to
+#: run-config ``learner-cache-mib`` per process; a learner that does not fit is rebuilt
+#: per message, deterministically, from its (disk-cached) shard
+_NODE_LEARNERS: BoundedCache[tuple[FQILearner, Shard]] = BoundedCache(0)
 
 
 def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
-    """This node's learner and shard (built once per process)."""
+    """This node's learner and shard (cached in this process while they fit its budget)."""
     pid, n_parts = partition(context)
     data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
     key = (context.run_id, pid, n_parts, data_dir, cfg)
-    if key not in _NODE_LEARNERS:
+
+    def build() -> tuple[FQILearner, Shard]:
         shard = client_shard(cfg.env_id, cfg.partition, pid, n_parts, cfg.episodes_per_client,
                              cfg.seed, data_dir=data_dir or None,
                              epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max)
@@ -266,10 +269,14 @@ def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
                              proximal=local_proximal(cfg, shard.n_transitions),
                              compile_ridge=cfg.ridge,
                              streaming=True if cfg.resolved_strategy == "exact" else None)
-        for stale in [k for k in _NODE_LEARNERS if k[0] != context.run_id or k[4] != cfg]:
-            del _NODE_LEARNERS[stale]  # free what earlier runs left in this process
-        _NODE_LEARNERS[key] = (learner, shard)
-    return _NODE_LEARNERS[key]
+        return learner, shard
+
+    if _NODE_LEARNERS.budget != cfg.learner_cache_mib << 20:
+        _NODE_LEARNERS.resize(cfg.learner_cache_mib << 20)
+    # free what earlier runs (or other settings) left in this process
+    current = (context.run_id, cfg)
+    return _NODE_LEARNERS.get(key, build,
+                              stale=lambda k: (k[0], k[4]) != current)  # type: ignore[index]
 
 
 def _adopt_global(learner: FQILearner, arrays: Arrays, metrics: Metrics) -> None:

@@ -20,6 +20,7 @@ from fedqhd.config import ConfigError, RunConfig
 from fedqhd.learners import get_learner
 from fedqhd.seeding import seed_globals
 from fedqhd.server.results import RunRecorder, new_run_dir
+from fedqhd.server.window import for_simulation
 from fedqhd.strategies import contract as C
 
 app = ServerApp()
@@ -38,7 +39,8 @@ def main(grid: Grid, context: Context) -> None:
     except ConfigError as exc:
         log(ERROR, "fedqhd: invalid run config, the run stops: %s", exc)
         raise
-    final, out_dir = run_federation(grid, cfg)
+    # Flower's simulation polls every stored message per node: keep few stored at once
+    final, out_dir = run_federation(for_simulation(grid, cfg.sim_window), cfg)
     if final.get("status") == "failed":
         # Flower 1.42 logs a ServerApp exception, marks the run "finished:failed" with the
         # message as its details, and exits flwr-serverapp with a non-zero code

@@ -49,6 +49,7 @@ class InProcessGrid(Grid):
             for i, node in enumerate(self.apps)
         }
         self._ids = itertools.count()
+        self._replies: dict[str, Message] = {}
 
     # --- the parts of the Grid API strategies use ---
     def get_node_ids(self) -> Iterable[int]:
@@ -56,26 +57,32 @@ class InProcessGrid(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
-        replies = []
+        return [self._handle(msg) for msg in messages]
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Handle each message now; its reply waits for :meth:`pull_messages`."""
+        ids = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
-            node = msg.metadata.dst_node_id
-            try:
-                replies.append(self.apps[node](msg, self.contexts[node]))
-            except Exception as exc:  # as Flower does: a crashing ClientApp replies an error
-                replies.append(msg.create_error_reply(
-                    Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                          reason=f"{type(exc).__name__}: {exc}")))
-        return replies
+            reply = self._handle(msg)
+            self._replies[msg.metadata.message_id] = reply
+            ids.append(msg.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+
+    def _handle(self, msg: Message) -> Message:
+        msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
+        node = msg.metadata.dst_node_id
+        try:
+            return self.apps[node](msg, self.contexts[node])
+        except Exception as exc:  # as Flower does: a crashing ClientApp replies an error
+            return msg.create_error_reply(
+                Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
+                      reason=f"{type(exc).__name__}: {exc}"))
 
     # --- not needed in process ---
     def create_message(self, *a, **k):  # pragma: no cover
-        raise NotImplementedError
-
-    def push_messages(self, messages):  # pragma: no cover
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids):  # pragma: no cover
         raise NotImplementedError
 
     def get_nodes(self):  # pragma: no cover

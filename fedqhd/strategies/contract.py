@@ -59,6 +59,7 @@ REPLY_COUNTS = (REPLIES_SAMPLED, REPLIES_RECEIVED, REPLIES_OK, REPLIES_FAILED, R
                 REPLIES_TIMED_OUT, REPLIES_NORM_REFUSED, REPLIES_WEIGHT_CAPPED,
                 REPLIES_IDENTITY_REFUSED, CLIENTS_AVERAGED)
 EVALUATE_PREFIX = "evaluate-"
+BLAS_THREADS = "blas-threads"  #: reply: BLAS threads of the ClientApp's process (Ray: its CPUs)
 
 # privacy metric keys (learner = "pool": every train reply carries its client's ledger)
 PARTITION_ID = "partition-id"    #: reply: the client's partition id (maps node ids to clients)

@@ -1,0 +1,326 @@
+"""Where a simulated round goes: the same run in process and under ``flwr run`` (Ray).
+
+Both measurements run in child processes and are measured the same way: wall time,
+per-round times from the run's ``results.json`` (its ``wall-time-s`` column, counted
+from the ServerApp's start, so Ray's start-up falls before round 1 or into it) and the
+peak of the summed resident memory of the whole process tree (SuperLink, simulation
+process, Ray and its workers), sampled every 0.2 s from ``/proc``.
+
+``flwr run`` gets a private SuperLink on free ports and a private ``FLWR_HOME`` (the
+command ``flwr run`` itself would start for ``:local:``), stopped with everything it
+spawned by process group when the measurement ends, also on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+BIN = Path(sys.executable).parent
+GIB = 2.0**30
+
+
+# ------------------------------------------------------------------ process memory
+def _children() -> dict[int, list[int]]:
+    """Parent pid -> child pids of every process visible in /proc."""
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def tree_rss(pids: list[int]) -> int:
+    """Summed resident memory (bytes) of ``pids`` and all their descendants."""
+    tree, total, seen = _children(), 0, set()
+    stack = list(pids)
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        stack.extend(tree.get(pid, []))
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+        except OSError:
+            continue
+    return total
+
+
+class PeakMemory:
+    """Samples :func:`tree_rss` of some root processes in a thread; ``peak`` in bytes."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.pids: list[int] = []
+        self.peak = 0
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.pids:
+                self.peak = max(self.peak, tree_rss(self.pids))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# ------------------------------------------------------------------ local SuperLink
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def local_superlink(home: Path, extra_env: dict[str, str] | None = None,
+                    timeout: float = 60.0) -> Iterator[tuple[dict[str, str], subprocess.Popen]]:
+    """A private ``flower-superlink --simulation``; yields (env for ``flwr``, its process).
+
+    It is stopped, with everything it spawned (simulation process, Ray), by process
+    group when the block ends, also on failure.
+    """
+    import httpx
+
+    http_port, control_port = free_port(), free_port()
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+               FLWR_HOME=str(home / "flwr-home"),
+               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port),
+               FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
+               FLWR_DISABLE_UPDATE_CHECK="1", RAY_DEDUP_LOGS="0",
+               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+               FEDQHD_CACHE_DIR=str(home / "cache"), **(extra_env or {}))
+    link = subprocess.Popen(
+        [str(BIN / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+         "--control-api-address", f"127.0.0.1:{control_port}", "--host", "127.0.0.1",
+         "--port", str(http_port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=0.5).is_success:
+                    break
+            except httpx.HTTPError:
+                pass
+            if link.poll() is not None:
+                raise RuntimeError("flower-superlink exited early")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"SuperLink not healthy after {timeout:.0f} s")
+            time.sleep(0.3)
+        yield env, link
+    finally:
+        try:
+            os.killpg(link.pid, signal.SIGTERM)
+            link.wait(timeout=20)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(link.pid, signal.SIGKILL)
+            link.wait(timeout=20)
+
+
+# ------------------------------------------------------------------ the two runs
+def _round_times(results: Path) -> dict[str, Any]:
+    data = json.loads(results.read_text())
+    walls = [r["wall-time-s"] for r in data["rounds"]]
+    rounds = [b - a for a, b in zip([0.0, *walls[:-1]], walls, strict=True)]
+    later = rounds[1:] or rounds
+    return {"round-s": [round(r, 3) for r in rounds],
+            "later-round-mean-s": round(sum(later) / len(later), 3),
+            "return-mean": data["final"]["return-mean"],
+            "replies-ok": [r.get("replies-ok") for r in data["rounds"]],
+            "results": str(results)}
+
+
+def _run_config_text(run_config: dict[str, Any]) -> str:
+    def toml(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return f"'{v}'"
+        return repr(v)
+    return " ".join(f"{k}={toml(v)}" for k, v in run_config.items())
+
+
+def inprocess(n_clients: int, run_config: dict[str, Any], out: Path,
+              timeout: float = 3600.0) -> dict[str, Any]:
+    """The run on :class:`~fedqhd.server.inprocess.InProcessGrid` in a child process."""
+    out.mkdir(parents=True, exist_ok=True)
+    code = ("import json,sys; from fedqhd.scale import _inprocess_child as f; "
+            "f(int(sys.argv[1]), json.loads(sys.argv[2]))")
+    cfg = {**run_config, "output-dir": str(out / "inprocess")}
+    t0 = time.perf_counter()
+    with PeakMemory() as mem:
+        proc = subprocess.Popen([sys.executable, "-c", code, str(n_clients), json.dumps(cfg)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        mem.pids = [proc.pid]
+        log, _ = proc.communicate(timeout=timeout)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"in-process run failed:\n{log[-3000:]}")
+    results = sorted((out / "inprocess").glob("*/*/results.json"))[-1]
+    return {"mode": "in-process", "clients": n_clients, "wall-s": round(wall, 2),
+            "peak-rss-gib": round(mem.peak / GIB, 3), **_round_times(results)}
+
+
+def _inprocess_child(n_clients: int, run_config: dict[str, Any]) -> None:
+    from fedqhd.client.app import app as client_app
+    from fedqhd.config import RunConfig
+    from fedqhd.server.app import run_federation
+    from fedqhd.server.inprocess import InProcessGrid
+
+    cfg = RunConfig.from_run_config(run_config)
+    run_federation(InProcessGrid([client_app] * n_clients, run_config=cfg.to_run_config()), cfg)
+
+
+def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Path,
+             federation: str = "client-resources-num-cpus=1", timeout: float = 3600.0,
+             extra_env: dict[str, str] | None = None,
+             profile: Path | None = None) -> dict[str, Any]:
+    """The run under ``flwr run --stream`` on a private local SuperLink (Ray); with
+    ``profile``, py-spy samples every process of the SuperLink's tree into that file
+    (collapsed stacks, one root frame per process)."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {**run_config, "output-dir": str(out / "flwr")}
+    with tempfile.TemporaryDirectory(dir=out) as home, PeakMemory() as mem:
+        t0 = time.perf_counter()
+        with local_superlink(Path(home), extra_env) as (env, link):
+            t_link = time.perf_counter() - t0
+            cmd = [str(BIN / "flwr"), "run", str(app_dir), "--stream", "--federation-config",
+                   f"num-supernodes={n_clients} {federation}",
+                   "--run-config", _run_config_text(cfg)]
+            proc = subprocess.Popen(cmd, cwd=app_dir, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
+            mem.pids = [link.pid, proc.pid]
+            spy = None if profile is None else subprocess.Popen(
+                [str(BIN / "py-spy"), "record", "--pid", str(link.pid), "--subprocesses",
+                 "--rate", "20", "--format", "raw", "--output", str(profile), "--nonblocking"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                log, _ = proc.communicate(timeout=timeout)
+            finally:
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(timeout=60)
+            wall = time.perf_counter() - t0
+    (out / "flwr-run.log").write_text(log)
+    results = sorted((out / "flwr").glob("*/*/results.json"))
+    if proc.returncode != 0 or not results:
+        raise RuntimeError(f"flwr run failed (see {out / 'flwr-run.log'}):\n{log[-3000:]}")
+    return {"mode": "flwr-run", "clients": n_clients, "federation": federation,
+            "wall-s": round(wall, 2), "superlink-start-s": round(t_link, 2),
+            "peak-rss-gib": round(mem.peak / GIB, 3), **_round_times(results[-1])}
+
+
+# ------------------------------------------------------------------ the suite
+def _child_json(code: str, timeout: float = 3600.0) -> dict[str, Any]:
+    """Run ``code`` (which prints one JSON object last) in a fresh Python process."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child process failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def run_suite(clients: int, rounds: int, out: Path, *, flwr: bool, app_dir: Path,
+              run_config: dict[str, Any] | None = None, transitions: int = 20_000,
+              dim: int = 2000, blas_rows: int = 8192, seed: int = 0) -> dict[str, Any]:
+    """``fedqhd bench --suite scale``: every issue-10 measurement in one run, with a
+    progress bar; writes ``out/scale.json`` and returns it.
+
+    * ``rounds``: ``clients`` clients in process, and (``flwr``) under ``flwr run``
+      (Ray) with ``client-resources-num-cpus=1``; their later-round ratio;
+    * ``streaming``: one client's streamed fit of ``transitions`` at ``dim`` (fresh
+      process, its peak memory);
+    * ``exact``: FedQHDExact vs centralised ridge FQI (up to 5 clients, at the run
+      config's ``hd-dim``, 500 if not given);
+    * ``blas``: the local fit's parts against the matmul peak at ``dim``, one BLAS thread.
+    """
+    from threadpoolctl import threadpool_limits
+    from tqdm import tqdm
+
+    from fedqhd import perf
+
+    rc = {"num-server-rounds": rounds, "eval-episodes": 3, "seed": seed, **(run_config or {})}
+    parts = ["in-process", *(["flwr-run"] if flwr else []), "streaming", "exact", "blas"]
+    summary: dict[str, Any] = {"clients": clients, "rounds": rounds, "seed": seed,
+                               "run-config": rc, "date": time.strftime("%Y-%m-%d")}
+    out.mkdir(parents=True, exist_ok=True)
+    with tqdm(parts, desc="bench scale", unit="part") as bar:
+        for part in bar:
+            bar.set_postfix_str(part)
+            if part == "in-process":
+                summary["in-process"] = inprocess(clients, rc, out / "rounds")
+            elif part == "flwr-run":
+                summary["flwr-run"] = flwr_run(clients, rc, out / "rounds", app_dir)
+                summary["flwr-over-in-process"] = round(
+                    summary["flwr-run"]["later-round-mean-s"]
+                    / summary["in-process"]["later-round-mean-s"], 2)
+            elif part == "streaming":
+                summary["streaming"] = _child_json(
+                    "import json; from fedqhd.perf import streaming_memory as f; "
+                    f"print(json.dumps(f({transitions}, {dim}, sweeps=1, seed={seed})))")
+            elif part == "exact":
+                summary["exact"] = perf.exact_error(min(clients, 5), int(rc.get("hd-dim", 500)),
+                                                    3, out / "exact", seed=seed)
+            else:
+                with threadpool_limits(limits=1, user_api="blas"):
+                    summary["blas"] = perf.blas_fraction(dim, blas_rows, repeats=2)
+            (out / "scale.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The suite's table (one row per measurement)."""
+    rows = ["| measurement | value |", "|---|---:|"]
+    for mode in ("in-process", "flwr-run"):
+        if mode in summary:
+            r = summary[mode]
+            rows.append(f"| {mode}, {r['clients']} clients x {len(r['round-s'])} rounds: wall "
+                        f"/ round 1 / later rounds (mean) / peak RSS (all processes) | "
+                        f"{r['wall-s']:.1f} s / {r['round-s'][0]:.2f} s / "
+                        f"{r['later-round-mean-s']:.2f} s / {r['peak-rss-gib']:.2f} GiB |")
+    if "flwr-over-in-process" in summary:
+        rows.append(f"| flwr run / in-process, later rounds (bar <= 1.5) | "
+                    f"{summary['flwr-over-in-process']:.2f} |")
+    s = summary["streaming"]
+    rows.append(f"| streamed fit, {s['transitions']} transitions at D = {s['dim']}: peak RSS "
+                f"(in-memory features would need {s['in-memory-features-gib']} GiB) | "
+                f"{s['peak-rss-gib']:.3f} GiB |")
+    e = summary["exact"]
+    rows.append(f"| FedQHDExact vs centralised ridge FQI, {e['clients']} clients, D = "
+                f"{e['dim']}: max relative readout difference (bar 1e-8) | "
+                f"{e['relative-error']:.1e} |")
+    b = summary["blas"]
+    rows.append(f"| D = {b['dim']}, one BLAS thread: Gram (dsyrk) / Cholesky as a fraction of "
+                f"the dgemm peak ({b['peak-gflops']} GFLOP/s) | {b['gram-syrk-fraction']:.2f} "
+                f"/ {b['cholesky-fraction']:.2f} |")
+    return "\n".join(rows)

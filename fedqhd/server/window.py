@@ -1,0 +1,107 @@
+"""A bounded number of messages in flight under Flower's simulation engine.
+
+Why: in Flower 1.42's simulation runtime (``flwr run`` on a ``--simulation``
+SuperLink) a thread polls the in-memory link state every 0.1 s with one
+``get_message_ins(node_id)`` call per simulated node, and each call scans every
+stored message (``InMemoryLinkState``). A round that pushes all N messages at once
+therefore costs O(N^2) Python work per poll for as long as the round lasts, in the
+process that also runs the ServerApp and feeds the Ray actors: at 1000 nodes that
+scan, not the clients, sets the round time. Keeping at most ``window`` messages
+stored (pushing the next one as each reply is pulled) makes a poll O(N x window)
+while the actors stay busy.
+
+Only the simulation's :class:`~flwr.superlink.grid.inmemory_grid.InMemoryGrid` is
+wrapped: in a deployment the SuperNodes pull their own messages and a window would
+only delay them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from flwr.app import Message, RecordDict
+from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+
+#: messages kept in the simulation's link state at once (a few per Ray actor is enough
+#: to keep them busy between 0.1 s polls; far fewer than the nodes of a large run)
+SIMULATION_WINDOW = 32
+
+
+class WindowedGrid(Grid):
+    """A Grid that keeps at most ``window`` of a ``send_and_receive`` call's messages
+    pushed and unanswered; everything else is the wrapped grid's."""
+
+    def __init__(self, grid: Grid, window: int = SIMULATION_WINDOW,
+                 pull_interval: float = 0.05) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.grid = grid
+        self.window = int(window)
+        self.pull_interval = float(pull_interval)
+        self.max_in_flight = 0  #: the most messages pushed and unanswered at once (tests)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        """Push up to ``window`` messages, then one more per reply pulled, until every
+        reply is in or ``timeout`` seconds (for the whole call) have passed; messages
+        not yet pushed by then get no reply, as if lost. Replies come back in the order
+        of their messages (not of arrival), so aggregation sums in a fixed order."""
+        pending = list(messages)
+        pending.reverse()  # pop() from the end keeps the caller's order
+        in_flight: set[str] = set()
+        order: dict[str, int] = {}
+        replies: list[Message] = []
+        end = None if timeout is None else time.monotonic() + timeout
+        while pending or in_flight:
+            if end is not None and time.monotonic() >= end:
+                break
+            room = self.window - len(in_flight)
+            if room > 0 and pending:
+                batch = [pending.pop() for _ in range(min(room, len(pending)))]
+                ids = list(self.grid.push_messages(batch))
+                base = len(order)
+                order.update((i, base + k) for k, i in enumerate(ids))
+                in_flight.update(ids)
+                self.max_in_flight = max(self.max_in_flight, len(in_flight))
+            got = list(self.grid.pull_messages(in_flight)) if in_flight else []
+            replies.extend(got)
+            in_flight.difference_update(m.metadata.reply_to_message_id for m in got)
+            if not got and in_flight:
+                time.sleep(self.pull_interval)
+        replies.sort(key=lambda m: order.get(m.metadata.reply_to_message_id, len(order)))
+        return replies
+
+    # --- everything else: the wrapped grid ---
+    def set_run(self, run: Run) -> None:
+        self.grid.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self.grid.run
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:
+        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def get_nodes(self) -> Iterable[NodeInfo]:
+        return self.grid.get_nodes()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.grid.pull_messages(message_ids)
+
+
+def for_simulation(grid: Grid, window: int = SIMULATION_WINDOW) -> Grid:
+    """``grid`` windowed if it is Flower's simulation grid (and ``window`` > 0), else
+    ``grid`` itself."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    return WindowedGrid(grid, window) if window > 0 and isinstance(grid, InMemoryGrid) else grid

@@ -1,0 +1,53 @@
+"""BLAS threads of a ClientApp process, set from the CPUs it was given.
+
+Why: under ``flwr run`` every Ray actor is a process running ClientApps; left alone,
+OpenBLAS/MKL in each starts one thread per core of the machine, so ``k`` actors on
+``c`` cores run ``k x c`` BLAS threads that preempt each other (and the SuperLink).
+Each actor is given ``client-resources-num-cpus`` CPUs by Ray: the ClientApp limits
+its BLAS (and OpenMP) pools to exactly that, once per process, with threadpoolctl.
+Outside Ray (in process, a deployment's SuperNode) nothing is changed.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from flwr.common.logger import log
+
+_LIMITER: dict[str, Any] = {}  #: the process-wide limit, applied once (kept alive)
+
+
+def ray_cpus() -> int | None:
+    """CPUs Ray assigned to this process (an actor or task), or ``None`` outside Ray."""
+    ray = sys.modules.get("ray")  # never import Ray here: only actors have it loaded
+    if ray is None or not ray.is_initialized():
+        return None
+    try:
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU")
+    except Exception:  # noqa: BLE001 - the driver process has no assigned resources
+        return None
+    return max(1, int(cpus)) if cpus else None
+
+
+def blas_threads() -> int:
+    """Threads of this process's BLAS pools now (the largest, if several are loaded)."""
+    from threadpoolctl import threadpool_info
+
+    counts = [int(p["num_threads"]) for p in threadpool_info() if p.get("user_api") == "blas"]
+    return max(counts, default=1)
+
+
+def limit_client_threads() -> int:
+    """Limit BLAS and OpenMP to the CPUs Ray gave this process (first call only);
+    returns the BLAS thread count now in force."""
+    if "done" not in _LIMITER:
+        _LIMITER["done"] = True
+        cpus = ray_cpus()
+        if cpus is not None:
+            from threadpoolctl import threadpool_limits
+
+            _LIMITER["limits"] = threadpool_limits(limits=cpus)
+            log(20, "fedqhd: ClientApp process under Ray with %d CPU(s): BLAS threads %d",
+                cpus, blas_threads())
+    return blas_threads()

@@ -1,0 +1,177 @@
+"""Issue 10, simulation path: the message window, the bounded learner cache, BLAS threads
+per ClientApp process, and ``fedqhd bench --suite scale`` at tiny sizes (no Ray)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fedqhd import threads
+from fedqhd.cli import main as cli_main
+from fedqhd.client.app import app as client_app
+from fedqhd.config import RunConfig
+from fedqhd.learners import fqi
+from fedqhd.learners.cache import BoundedCache, array_bytes
+from fedqhd.server.app import run_federation
+from fedqhd.server.inprocess import InProcessGrid
+from fedqhd.server.window import WindowedGrid, for_simulation
+
+
+class _SlowGrid:
+    """Answers a pushed message only at the second pull after its push; records how
+    many messages were pushed and unanswered at most."""
+
+    def __init__(self, answer: bool = True) -> None:
+        self.answer = answer
+        self.pushed: list[int] = []
+        self.age: dict[str, int] = {}
+        self.most = 0
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            self.pushed.append(m.n)
+            self.age[f"id{m.n}"] = 0
+            ids.append(f"id{m.n}")
+        self.most = max(self.most, len(self.age))
+        return ids
+
+    def pull_messages(self, ids):
+        out = []
+        for i in list(ids):
+            if i not in self.age:
+                continue
+            self.age[i] += 1
+            if self.answer and self.age[i] >= 2 + int(i[2:]) % 3:  # out of order
+                del self.age[i]
+                out.append(SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)))
+        return out
+
+
+def test_window_keeps_few_messages_stored_and_returns_every_reply():
+    inner = _SlowGrid()
+    grid = WindowedGrid(inner, window=4, pull_interval=0.0)  # type: ignore[arg-type]
+    replies = grid.send_and_receive([SimpleNamespace(n=i) for i in range(23)], timeout=30)
+    # every reply, in the order of the messages (whatever the order they arrived in)
+    assert [r.metadata.reply_to_message_id for r in replies] == [f"id{i}" for i in range(23)]
+    assert inner.pushed == list(range(23))  # in the caller's order
+    assert inner.most == grid.max_in_flight == 4
+
+
+def test_window_stops_at_the_timeout_without_pushing_the_rest():
+    inner = _SlowGrid(answer=False)
+    grid = WindowedGrid(inner, window=3, pull_interval=0.01)  # type: ignore[arg-type]
+    assert list(grid.send_and_receive([SimpleNamespace(n=i) for i in range(10)],
+                                      timeout=0.2)) == []
+    assert inner.pushed == [0, 1, 2]
+    with pytest.raises(ValueError, match="window"):
+        WindowedGrid(inner, window=0)  # type: ignore[arg-type]
+
+
+def test_only_flowers_simulation_grid_is_windowed():
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    sim = InMemoryGrid.__new__(InMemoryGrid)
+    assert isinstance(for_simulation(sim, 8), WindowedGrid)
+    assert for_simulation(sim, 0) is sim  # sim-window = 0: Flower's own behaviour
+    plain = InProcessGrid([client_app])
+    assert for_simulation(plain, 8) is plain
+
+
+def _run(tmp_path: Path, name: str, grid_wrap=lambda g: g, **changes) -> np.ndarray:
+    cfg = RunConfig(hd_dim=64, num_server_rounds=3, eval_episodes=1, episodes_per_client=2,
+                    output_dir=str(tmp_path / name), **changes)
+    grid = InProcessGrid([client_app] * 3, run_config=cfg.to_run_config())
+    _, out_dir = run_federation(grid_wrap(grid), cfg)
+    return np.load(out_dir / "final_model.npz")["readout"]
+
+
+def test_window_and_an_empty_learner_cache_leave_the_results_unchanged(tmp_path):
+    """Same seed -> the same readout, bit for bit, whether each node's learner is kept
+    between rounds or rebuilt for every message, and whether messages go all at once
+    or two at a time."""
+    fqi._NODE_LEARNERS.resize(0)
+    reference = _run(tmp_path, "ref")
+    fqi._NODE_LEARNERS.builds = fqi._NODE_LEARNERS.hits = 0
+    rebuilt = _run(tmp_path, "rebuilt", learner_cache_mib=0)
+    assert fqi._NODE_LEARNERS.entries == {} and fqi._NODE_LEARNERS.hits == 0
+    assert fqi._NODE_LEARNERS.builds == 3 * 3  # every message built its learner
+    windowed = _run(tmp_path, "windowed", grid_wrap=lambda g: WindowedGrid(g, window=2))
+    np.testing.assert_array_equal(rebuilt, reference)
+    np.testing.assert_array_equal(windowed, reference)
+    fqi._NODE_LEARNERS.builds = fqi._NODE_LEARNERS.hits = 0
+    _run(tmp_path, "cached")
+    assert (fqi._NODE_LEARNERS.builds, fqi._NODE_LEARNERS.hits) == (3, 3 * 2)
+
+
+def test_bounded_cache_admits_while_it_fits_and_drops_stale_entries():
+    cache: BoundedCache[np.ndarray] = BoundedCache(budget=2 * 800)
+    built: list[str] = []
+
+    def build(name: str):
+        return lambda: built.append(name) or np.zeros(100)  # 800 bytes
+
+    for _ in range(3):  # round-robin over 3 keys, room for 2: the first two stay
+        for key in ("a", "b", "c"):
+            cache.get(key, build(key))
+    assert built == ["a", "b", "c", "c", "c"] and set(cache.entries) == {"a", "b"}
+    assert cache.hits == 4 and cache.used == 1600
+    cache.get("d", build("d"), stale=lambda k: k == "a")  # "a" is stale: "d" fits
+    assert set(cache.entries) == {"b", "d"}
+    cache.resize(800)
+    assert set(cache.entries) == {"b"} and cache.used == 800
+
+
+def test_array_bytes_counts_each_buffer_once():
+    a = np.zeros((10, 10))
+    obj = SimpleNamespace(x=a, view=a[2:], rows=[a[:3], np.ones(5)], d={"k": (a,)})
+    assert array_bytes(obj) == a.nbytes + 5 * 8
+
+
+def test_blas_threads_follow_the_cpus_ray_gave_the_process(monkeypatch):
+    from threadpoolctl import threadpool_info
+
+    if not any(p.get("user_api") == "blas" for p in threadpool_info()):
+        pytest.skip("no BLAS library loaded")
+    monkeypatch.setattr(threads, "_LIMITER", {})
+    assert threads.ray_cpus() is None or "ray" in sys.modules
+    fake = types.ModuleType("ray")
+    fake.is_initialized = lambda: True  # type: ignore[attr-defined]
+    fake.get_runtime_context = lambda: SimpleNamespace(  # type: ignore[attr-defined]
+        get_assigned_resources=lambda: {"CPU": 1.0})
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    assert threads.ray_cpus() == 1
+    try:
+        assert threads.limit_client_threads() == 1 == threads.blas_threads()
+    finally:
+        threads._LIMITER["limits"].restore_original_limits()
+
+
+def test_outside_ray_the_client_leaves_blas_alone(monkeypatch):
+    monkeypatch.setattr(threads, "_LIMITER", {})
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    before = threads.blas_threads()
+    assert threads.limit_client_threads() == before and "limits" not in threads._LIMITER
+
+
+def test_bench_scale_suite_without_ray(tmp_path, capsys):
+    out = tmp_path / "scale"
+    assert cli_main(["bench", "--suite", "scale", "--no-flwr", "--clients", "2", "--rounds",
+                     "2", "--set", "hd-dim=32", "--set", "episodes-per-client=2",
+                     "--transitions", "600", "--dim", "64", "--out", str(out)]) == 0
+    summary = json.loads((out / "scale.json").read_text())
+    assert "flwr-run" not in summary
+    rounds = summary["in-process"]
+    assert rounds["clients"] == 2 and len(rounds["round-s"]) == 2
+    assert rounds["peak-rss-gib"] > 0.05 and rounds["replies-ok"] == [2, 2]
+    assert summary["streaming"]["transitions"] == 600
+    assert summary["exact"]["dim"] == 32 and summary["exact"]["relative-error"] < 1e-8
+    assert 0 < summary["blas"]["gram-syrk-fraction"] and summary["blas"]["dim"] == 64
+    printed = capsys.readouterr().out
+    assert "FedQHDExact vs centralised ridge FQI" in printed and "scale.json" in printed
