@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from fedqhd.deploy.launcher import free_port
 
 BIN = Path(sys.executable).parent
 GIB = 2.0**30
@@ -47,8 +48,25 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def tree_rss(pids: list[int]) -> int:
-    """Summed resident memory (bytes) of ``pids`` and all their descendants."""
+def _name(pid: int) -> str:
+    """A short name for a process: its script (``flwr-simulation``, ``raylet``, ...), or
+    ``ray::<actor class>`` for a Ray worker."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    words = [a.decode(errors="replace") for a in args if a]
+    if words and words[0].startswith("ray::"):
+        return words[0]
+    scripts = [w for w in words if not w.startswith("-")]
+    pick = scripts[1] if len(scripts) > 1 and "python" in Path(scripts[0]).name else (
+        scripts[0] if scripts else "?")
+    return Path(pick).name
+
+
+def tree_rss(pids: list[int], by_name: dict[str, int] | None = None) -> int:
+    """Summed resident memory (bytes) of ``pids`` and all their descendants; with
+    ``by_name``, also added up per process name there."""
     tree, total, seen = _children(), 0, set()
     stack = list(pids)
     while stack:
@@ -60,7 +78,11 @@ def tree_rss(pids: list[int]) -> int:
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
+                    rss = int(line.split()[1]) * 1024
+                    total += rss
+                    if by_name is not None:
+                        name = _name(pid)
+                        by_name[name] = by_name.get(name, 0) + rss
                     break
         except OSError:
             continue
@@ -68,11 +90,13 @@ def tree_rss(pids: list[int]) -> int:
 
 
 class PeakMemory:
-    """Samples :func:`tree_rss` of some root processes in a thread; ``peak`` in bytes."""
+    """Samples :func:`tree_rss` of some root processes in a thread; ``peak`` in bytes and
+    ``at_peak``, the per-process-name split of that peak."""
 
     def __init__(self, interval: float = 0.2) -> None:
         self.pids: list[int] = []
         self.peak = 0
+        self.at_peak: dict[str, int] = {}
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -80,7 +104,10 @@ class PeakMemory:
     def _run(self) -> None:
         while not self._stop.is_set():
             if self.pids:
-                self.peak = max(self.peak, tree_rss(self.pids))
+                split: dict[str, int] = {}
+                total = tree_rss(self.pids, split)
+                if total > self.peak:
+                    self.peak, self.at_peak = total, split
             self._stop.wait(self.interval)
 
     def __enter__(self) -> PeakMemory:
@@ -93,16 +120,12 @@ class PeakMemory:
 
 
 # ------------------------------------------------------------------ local SuperLink
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def local_superlink(home: Path, extra_env: dict[str, str] | None = None,
                     timeout: float = 60.0) -> Iterator[tuple[dict[str, str], subprocess.Popen]]:
-    """A private ``flower-superlink --simulation``; yields (env for ``flwr``, its process).
+    """A private ``flower-superlink --simulation`` on free ports with a private FLWR_HOME
+    (the command ``flwr run`` starts for ``:local:``, so ``flwr run`` reuses it); yields
+    (the environment ``flwr`` must run with, the SuperLink process).
 
     It is stopped, with everything it spawned (simulation process, Ray), by process
     group when the block ends, also on failure.
@@ -160,6 +183,10 @@ def _round_times(results: Path) -> dict[str, Any]:
             "results": str(results)}
 
 
+def _split(mem: PeakMemory) -> dict[str, float]:
+    return {k: round(v / GIB, 3) for k, v in sorted(mem.at_peak.items(), key=lambda kv: -kv[1])}
+
+
 def _run_config_text(run_config: dict[str, Any]) -> str:
     def toml(v: Any) -> str:
         if isinstance(v, bool):
@@ -188,7 +215,8 @@ def inprocess(n_clients: int, run_config: dict[str, Any], out: Path,
         raise RuntimeError(f"in-process run failed:\n{log[-3000:]}")
     results = sorted((out / "inprocess").glob("*/*/results.json"))[-1]
     return {"mode": "in-process", "clients": n_clients, "wall-s": round(wall, 2),
-            "peak-rss-gib": round(mem.peak / GIB, 3), **_round_times(results)}
+            "peak-rss-gib": round(mem.peak / GIB, 3), "peak-by-process-gib": _split(mem),
+            **_round_times(results)}
 
 
 def _inprocess_child(n_clients: int, run_config: dict[str, Any]) -> None:
@@ -237,7 +265,8 @@ def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Pat
         raise RuntimeError(f"flwr run failed (see {out / 'flwr-run.log'}):\n{log[-3000:]}")
     return {"mode": "flwr-run", "clients": n_clients, "federation": federation,
             "wall-s": round(wall, 2), "superlink-start-s": round(t_link, 2),
-            "peak-rss-gib": round(mem.peak / GIB, 3), **_round_times(results[-1])}
+            "peak-rss-gib": round(mem.peak / GIB, 3), "peak-by-process-gib": _split(mem),
+            **_round_times(results[-1])}
 
 
 # ------------------------------------------------------------------ the suite
