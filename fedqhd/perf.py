@@ -195,7 +195,7 @@ def exact_error(n_clients: int, dim: int, rounds: int, out: Path, seed: int = 0
     cfg = RunConfig(hd_dim=dim, strategy="exact", num_server_rounds=rounds, eval_episodes=1,
                     seed=seed, output_dir=str(out))
     t0 = time.perf_counter()
-    _, run_dir = run_federation(
+    final, run_dir = run_federation(
         InProcessGrid([client_app] * n_clients, run_config=cfg.to_run_config()), cfg)
     seconds = time.perf_counter() - t0
     federated = np.load(run_dir / "final_model.npz")["readout"]
@@ -207,4 +207,5 @@ def exact_error(n_clients: int, dim: int, rounds: int, out: Path, seed: int = 0
     ref.train(rounds, start=np.zeros_like(federated))
     error = float(np.abs(federated - ref.readout).max() / np.abs(ref.readout).max())
     return {"clients": n_clients, "dim": dim, "rounds": rounds, "seconds": round(seconds, 2),
-            "relative-error": error, "bar": 1e-8, "equal": error <= 1e-8}
+            "relative-error": error, "bar": 1e-8, "equal": error <= 1e-8,
+            "run-status": final["status"]}

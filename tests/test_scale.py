@@ -172,6 +172,7 @@ def test_bench_scale_suite_without_ray(tmp_path, capsys):
     assert rounds["peak-rss-gib"] > 0.05 and rounds["replies-ok"] == [2, 2]
     assert summary["streaming"]["transitions"] == 600
     assert summary["exact"]["dim"] == 32 and summary["exact"]["relative-error"] < 1e-8
+    assert summary["exact"]["run-status"] == "completed"  # FedQHDExact counts its replies
     assert 0 < summary["blas"]["gram-syrk-fraction"] and summary["blas"]["dim"] == 64
     printed = capsys.readouterr().out
     assert "FedQHDExact vs centralised ridge FQI" in printed and "scale.json" in printed

@@ -143,9 +143,12 @@ class FedQHDExact(FunctionSpaceStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         label = f"FedQHDExact round {server_round}"
-        screened = ScreenedReplies()
+        # the round's accounting as the other strategies keep it (sampled vs received)
+        sampled, self._sampled["train"] = self._sampled["train"], None
+        screened = ScreenedReplies(sampled=sampled)
         replied: set[int] = set()
         for msg in replies:
+            screened.received += 1
             node = msg.metadata.src_node_id
             if msg.has_error():
                 screened.failed += 1
