@@ -58,6 +58,8 @@ def _name(pid: int) -> str:
     words = [a.decode(errors="replace") for a in args if a]
     if words and words[0].startswith("ray::"):
         return words[0]
+    if "-c" in words:
+        return "python -c"
     scripts = [w for w in words if not w.startswith("-")]
     pick = scripts[1] if len(scripts) > 1 and "python" in Path(scripts[0]).name else (
         scripts[0] if scripts else "?")
@@ -122,13 +124,15 @@ class PeakMemory:
 # ------------------------------------------------------------------ local SuperLink
 @contextmanager
 def local_superlink(home: Path, extra_env: dict[str, str] | None = None,
-                    timeout: float = 60.0) -> Iterator[tuple[dict[str, str], subprocess.Popen]]:
+                    timeout: float = 60.0, private_cache: bool = True
+                    ) -> Iterator[tuple[dict[str, str], subprocess.Popen]]:
     """A private ``flower-superlink --simulation`` on free ports with a private FLWR_HOME
     (the command ``flwr run`` starts for ``:local:``, so ``flwr run`` reuses it); yields
     (the environment ``flwr`` must run with, the SuperLink process).
 
     It is stopped, with everything it spawned (simulation process, Ray), by process
-    group when the block ends, also on failure.
+    group when the block ends, also on failure. ``private_cache``: generated shards go to
+    ``home/cache`` (tests), else to the usual cache (as in-process runs use it).
     """
     import httpx
 
@@ -138,8 +142,9 @@ def local_superlink(home: Path, extra_env: dict[str, str] | None = None,
                FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(http_port),
                FLWR_LOCAL_CONTROL_API_PORT=str(control_port),
                FLWR_DISABLE_UPDATE_CHECK="1", RAY_DEDUP_LOGS="0",
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-               FEDQHD_CACHE_DIR=str(home / "cache"), **(extra_env or {}))
+               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", **(extra_env or {}))
+    if private_cache:
+        env["FEDQHD_CACHE_DIR"] = str(home / "cache")
     link = subprocess.Popen(
         [str(BIN / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
          "--control-api-address", f"127.0.0.1:{control_port}", "--host", "127.0.0.1",
@@ -240,7 +245,8 @@ def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Pat
     cfg = {**run_config, "output-dir": str(out / "flwr")}
     with tempfile.TemporaryDirectory(dir=out) as home, PeakMemory() as mem:
         t0 = time.perf_counter()
-        with local_superlink(Path(home), extra_env) as (env, link):
+        # shards from the same cache as the in-process run: round 1 compares like with like
+        with local_superlink(Path(home), extra_env, private_cache=False) as (env, link):
             t_link = time.perf_counter() - t0
             cmd = [str(BIN / "flwr"), "run", str(app_dir), "--stream", "--federation-config",
                    f"num-supernodes={n_clients} {federation}",
@@ -287,7 +293,7 @@ def run_suite(clients: int, rounds: int, out: Path, *, flwr: bool, app_dir: Path
 
     * ``rounds``: ``clients`` clients in process, and (``flwr``) under ``flwr run``
       (Ray) with ``client-resources-num-cpus=1``; their later-round ratio;
-    * ``streaming``: one client's streamed fit of ``transitions`` at ``dim`` (fresh
+    * ``streaming``: one client's fit of ``transitions`` at ``dim``, streamed (fresh
       process, its peak memory);
     * ``exact``: FedQHDExact vs centralised ridge FQI (up to 5 clients, at the run
       config's ``hd-dim``, 500 if not given);
@@ -316,7 +322,7 @@ def run_suite(clients: int, rounds: int, out: Path, *, flwr: bool, app_dir: Path
             elif part == "streaming":
                 summary["streaming"] = _child_json(
                     "import json; from fedqhd.perf import streaming_memory as f; "
-                    f"print(json.dumps(f({transitions}, {dim}, sweeps=1, seed={seed})))")
+                    f"print(json.dumps(f({transitions}, {dim}, sweeps=1, seed={seed}, stream=True)))")
             elif part == "exact":
                 summary["exact"] = perf.exact_error(min(clients, 5), int(rc.get("hd-dim", 500)),
                                                     3, out / "exact", seed=seed)
