@@ -322,7 +322,8 @@ def run_suite(clients: int, rounds: int, out: Path, *, flwr: bool, app_dir: Path
             elif part == "streaming":
                 summary["streaming"] = _child_json(
                     "import json; from fedqhd.perf import streaming_memory as f; "
-                    f"print(json.dumps(f({transitions}, {dim}, sweeps=1, seed={seed}, stream=True)))")
+                    f"print(json.dumps(f({transitions}, {dim}, sweeps=1, seed={seed}, "
+                    "stream=True)))")
             elif part == "exact":
                 summary["exact"] = perf.exact_error(min(clients, 5), int(rc.get("hd-dim", 500)),
                                                     3, out / "exact", seed=seed)
