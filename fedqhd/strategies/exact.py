@@ -19,7 +19,7 @@ Protocol (array keys in :mod:`fedqhd.strategies.contract`), one sweep per round:
   metrics ``num-transitions`` and ``gram-through``.
 
 The value range is agreed through the server: every reply carries the client's reward
-[min, max]; the server sends back :func:`~fedqhd.readout.pooled_value_range` of all of
+[min, max]; the server sends back :func:`~fedqhd.gram.pooled_value_range` of all of
 them, the range pooled FQI uses (``value_range="data"`` on the pooled rewards). In round
 1 the range is not known yet; it is not needed there when the first readout is zero (the
 targets are then the rewards, inside every range that contains them), so that round
@@ -42,7 +42,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedqhd.readout import GramSystems, pooled_value_range
+from fedqhd.gram import GramSystems, pooled_value_range
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
