@@ -11,6 +11,7 @@ to rounding.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -65,7 +66,7 @@ class GramSystems:
             shifted = np.array(gram, dtype=np.float64, order="F")
             shifted[np.diag_indices_from(shifted)] += c
             factor = cho_factor(shifted, lower=False, overwrite_a=True, check_finite=False)
-            solvers.append(lambda b, f=factor: cho_solve(f, b, check_finite=False))
+            solvers.append(partial(cho_solve, factor, check_finite=False))
         self._solvers = solvers
 
     def solve(self, rhs: np.ndarray, prior: np.ndarray | None = None) -> np.ndarray:

@@ -8,14 +8,11 @@ plain ``pip install`` of this project would bring.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the ``full`` extra's modules (and Ray, JAX): none may be needed by the strategies

@@ -36,6 +36,9 @@ SERVER_ROUND = "server-round"
 
 # metric keys
 NUM_TRANSITIONS = "num-transitions"          #: reply: transitions in the client's shard (> 0)
+NUM_EXAMPLES = "num-examples"                #: reply without num-transitions: examples (> 0)
+#: the keys a reply's size (and weight) is read from, first present wins; summed per round
+SIZE_KEYS = (NUM_TRANSITIONS, NUM_EXAMPLES)
 BELLMAN_RESIDUAL = "bellman-residual"        #: reply: RMS Bellman residual after local FQI
 CONSENSUS_GAP = "consensus-gap"              #: reply (admm): ||w_i - W|| / max(||w_i||, ||W||)
 PROJECTION_RESIDUAL = "projection-residual"  #: reply: ||X_i W_i - T||_F of the compilation
@@ -54,11 +57,14 @@ REPLIES_NORM_REFUSED = "replies-norm-refused"  #: round metric: rejected for the
 REPLIES_WEIGHT_CAPPED = "replies-weight-capped"  #: round metric: kept with a capped weight
 REPLIES_IDENTITY_REFUSED = "replies-identity-refused"  #: round: forged or switched client ids
 CLIENTS_AVERAGED = "clients-averaged"        #: round metric: clients in the aggregate
+METRICS_MISSING = "metrics-missing"          #: round metric: metric keys some replies omitted
 #: the reply counts of a round; evaluation reports them prefixed ``evaluate-``
 REPLY_COUNTS = (REPLIES_SAMPLED, REPLIES_RECEIVED, REPLIES_OK, REPLIES_FAILED, REPLIES_REJECTED,
                 REPLIES_TIMED_OUT, REPLIES_NORM_REFUSED, REPLIES_WEIGHT_CAPPED,
                 REPLIES_IDENTITY_REFUSED, CLIENTS_AVERAGED)
 EVALUATE_PREFIX = "evaluate-"
+#: the round metrics that evaluation reports prefixed ``evaluate-`` (counts, not results)
+EVALUATE_PREFIXED = (*REPLY_COUNTS, *SIZE_KEYS, METRICS_MISSING)
 
 # privacy metric keys (learner = "pool": every train reply carries its client's ledger)
 PARTITION_ID = "partition-id"    #: reply: the client's partition id (maps node ids to clients)
