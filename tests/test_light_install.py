@@ -8,11 +8,15 @@ plain ``pip install`` of this project would bring.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the ``full`` extra's modules (and Ray, JAX): none may be needed by the strategies
@@ -113,3 +117,26 @@ def test_strategies_run_without_the_full_extra(tmp_path: Path) -> None:
     assert "light ok" in proc.stdout
     assert "needs the 'full' extra" in proc.stderr and 'fedqhd[full]' in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_pip_install_without_extras_brings_no_heavy_package(tmp_path: Path) -> None:
+    """What ``pip install fedqhd`` resolves to, from PyPI, without installing it (a real
+    install into a fresh venv took 3 min 51 s on 2 busy cores; the resolution ~20 s)."""
+    project = tmp_path / "fedqhd-src"  # a copy: pip builds a local project in place
+    project.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, project / name)
+    shutil.copytree(ROOT / "fedqhd", project / "fedqhd",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run",
+                           "--ignore-installed", "--quiet", "--report", str(report),
+                           str(project)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    names = {item["metadata"]["name"].lower().replace("_", "-")
+             for item in json.loads(report.read_text())["install"]}
+    assert {"fedqhd", "flwr", "numpy"} <= names, sorted(names)
+    heavy = {"gymnasium", "opendp", "matplotlib", "scipy", "scikit-learn", "tqdm",
+             "dp-accounting", "ray", "jax", "box2d"}
+    assert not names & heavy, sorted(names & heavy)
