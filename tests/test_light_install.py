@@ -100,6 +100,7 @@ CHECK = textwrap.dedent('''
                       axis=1)
     assert np.abs(out[C.READOUT].numpy() - pooled).max() < 1e-8, "exact != pooled ridge"
     assert metrics[C.EXACT_CLIENTS] == 3
+    assert metrics[C.REPLIES_SAMPLED] == metrics[C.REPLIES_RECEIVED] == 3
 
     from fedqhd import cli
     assert cli.main(["--help"]) == 2  # a clear message, not a traceback
