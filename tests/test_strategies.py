@@ -3,6 +3,7 @@
 No gymnasium and no fedqhd.client here: a strategy only knows the message contract.
 """
 
+import logging
 import time
 
 import numpy as np
@@ -270,6 +271,7 @@ def test_an_evaluation_round_with_every_reply_rejected_still_reports_its_counts(
 
 
 def test_an_error_reply_is_logged_with_the_partition_its_node_sent_before(caplog):
+    caplog.set_level(logging.INFO, logger="flwr")  # another test may leave it at WARNING
     s = FedQHDAvg(aggregate="latest", readout_shape=(2, 1))
     s.aggregate_train(1, [_reply(1, {C.READOUT: np.ones((2, 1))},
                                  {C.NUM_TRANSITIONS: 5, C.PARTITION_ID: 3}),
