@@ -19,7 +19,7 @@ Protocol (array keys in :mod:`fedqhd.strategies.contract`), one sweep per round:
   metrics ``num-transitions`` and ``gram-through``.
 
 The value range is agreed through the server: every reply carries the client's reward
-[min, max]; the server sends back :func:`~fedqhd.readout.pooled_value_range` of all of
+[min, max]; the server sends back :func:`~fedqhd.gram.pooled_value_range` of all of
 them, the range pooled FQI uses (``value_range="data"`` on the pooled rewards). In round
 1 the range is not known yet; it is not needed there when the first readout is zero (the
 targets are then the rewards, inside every range that contains them), so that round
@@ -42,11 +42,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedqhd.readout import GramSystems, pooled_value_range
+from fedqhd.gram import GramSystems, pooled_value_range
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
-from .screening import ScreenedReplies, _check
+from .screening import ScreenedReplies, _check, describe, reply_size
 
 
 class FedQHDExact(FunctionSpaceStrategy):
@@ -143,14 +143,17 @@ class FedQHDExact(FunctionSpaceStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         label = f"FedQHDExact round {server_round}"
-        screened = ScreenedReplies()
+        sampled, self._sampled["train"] = self._sampled["train"], None
+        screened = ScreenedReplies(label=label, sampled=sampled)
+        known = self.identities.key_of
         replied: set[int] = set()
         for msg in replies:
+            screened.received += 1
             node = msg.metadata.src_node_id
             if msg.has_error():
                 screened.failed += 1
-                log(WARNING, "%s: node %s replied with an error: %s", label, node,
-                    msg.error.reason)
+                log(WARNING, "%s: %s replied with an error: %s", label,
+                    describe(node, None, known), msg.error.reason)
                 continue
             reason, rhs, metrics = _check(msg, C.PHI_Y if self._want_rhs else None,
                                           (self.dim, self.n_actions))
@@ -159,7 +162,8 @@ class FedQHDExact(FunctionSpaceStrategy):
                 reason, gram, extremes = self._check_statistics(msg, node, metrics)
             if reason is not None:
                 screened.rejected += 1
-                log(WARNING, "%s: reply of node %s left out: %s", label, node, reason)
+                log(WARNING, "%s: reply of %s left out: %s", label,
+                    describe(node, metrics, known), reason)
                 continue
             if gram is not None:
                 self._grams += C.unpack_upper(gram, self.dim)
@@ -173,8 +177,9 @@ class FedQHDExact(FunctionSpaceStrategy):
             metrics.pop(C.GRAM_THROUGH, None)  # a count per client, not a round mean
             screened.metrics.append(metrics)
             screened.nodes.append(node)
-            screened.weights.append(1.0 if self.weighting == "uniform"
-                                    else float(metrics[C.NUM_TRANSITIONS]))
+            size = reply_size(metrics)
+            assert size is not None  # _check refuses a reply without one
+            screened.weights.append(1.0 if self.weighting == "uniform" else float(size[1]))
         log(INFO, "%s: %d replies aggregated, %d failed, %d rejected", label,
             len(screened.metrics), screened.failed, screened.rejected)
         metrics_out = screened.round_metrics()
