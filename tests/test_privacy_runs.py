@@ -79,7 +79,7 @@ def test_releases_of_one_shard_share_one_budget_on_disk(tmp_path, private_ledger
 
 
 def test_a_release_beyond_the_budget_is_a_failed_reply_in_a_new_run(tmp_path):
-    cfg = _cfg(tmp_path, **{"pool-noise": "numpy"})
+    cfg = _cfg(tmp_path, **{"pool-noise": "numpy", "reproducible-noise": True})  # deterministic
     nodes = [{"rho": 6.0}, {"rho": 1.0}]  # budget 10: client 0 fits once, client 1 ten times
 
     def run() -> dict:
