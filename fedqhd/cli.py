@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = (
     "fedqhd.data.cli",
     "fedqhd.bench",
     "fedqhd.pool.cli",
+    "fedqhd.privacy.cli",
     "fedqhd.deploy.cli",
 )
 

@@ -232,9 +232,12 @@ class RunConfig:
         "(node config 'rho-budget' overrides)"))
     pool_delta: float = field(default=1e-5, metadata=_key(
         _float_range(0.0, 1.0, lo_open=True, hi_open=True), "delta of epsilon and E_rho"))
-    pool_noise: str = field(default="numpy", metadata=_key(
-        _choice(NOISE_KINDS), "numpy (seeded, NOT secure) | opendp | none "
-        "(node config 'noise' overrides)"))
+    pool_noise: str = field(default="opendp", metadata=_key(
+        _choice(NOISE_KINDS), "opendp (secure, the default) | numpy (experiments only, "
+        "NOT secure) | none (node config 'noise' overrides)"))
+    reproducible_noise: bool = field(default=False, metadata=_key(
+        lambda v: None, "numpy noise seeded from (seed, partition-id) so anyone with the run "
+        "config can regenerate it; off: fresh entropy per release (opendp is never seeded)"))
     non_private: bool = field(default=False, metadata=_key(
         lambda v: None, "mark the run non-private: only then are noise-free clients accepted"))
     pool_products: int = field(default=2, metadata=_key(_int_range(1, 8),

@@ -62,3 +62,12 @@ def local_superlink(tmp_path: Path) -> Iterator[dict[str, str]]:
             link.wait(timeout=20)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(link.pid, signal.SIGKILL)
+
+
+@pytest.fixture(autouse=True)
+def private_ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test's POOL clients keep their on-disk privacy ledgers in its own tmp dir
+    (never in ~/.fedqhd/ledgers, and never shared between tests)."""
+    directory = tmp_path / "ledgers"
+    monkeypatch.setenv("FEDQHD_LEDGER_DIR", str(directory))
+    return directory

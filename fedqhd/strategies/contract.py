@@ -94,6 +94,7 @@ EPSILON_EXACT = "epsilon-exact"  #: reply: epsilon(delta) of the exact (analytic
 EPSILON = "epsilon"              #: reply: epsilon(delta) by the conversion valid for its noise
 NOISE_SECURE = "noise-secure"    #: reply: 1 if the noise sampler is fit for real data
 NOISE_SIGMA = "noise-sigma"      #: reply: Gaussian noise scale of every released count
+NOISE_REPRODUCIBLE = "noise-reproducible"  #: reply: 1 if any release was seeded
 REPLIES_REFUSED_NON_PRIVATE = "replies-refused-non-private"  #: round: non-private replies left out
 GAP = "gap-percent"              #: round: (c - c*) / c* * 100 of the federated policy
 COST = "cost"                    #: round: mean episode cost of the federated policy
@@ -104,7 +105,7 @@ GAP_INFORMED = "gap-informed-percent"  #: evaluate reply: gap of its teacher-inf
 #: the reply metrics that make up a client's privacy-ledger report
 LEDGER_KEYS = (PRIVATE, RHO_SPENT, RHO_BUDGET, DELTA, EPSILON_CKS, EPSILON_EXACT, EPSILON,
                NOISE_SIGMA,
-               NOISE_SECURE, NUM_TRANSITIONS)
+               NOISE_SECURE, NOISE_REPRODUCIBLE, NUM_TRANSITIONS)
 
 
 def pack_upper(grams: np.ndarray) -> np.ndarray:
