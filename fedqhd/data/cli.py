@@ -48,7 +48,8 @@ def _would_overwrite(out: Path, targets: list[Path], force: bool) -> bool:
     replace files (and ``force`` is off); says which on stderr."""
     existing = [str(p) for p in [*targets, out / MANIFEST_NAME] if p.exists()]
     if existing and not force:
-        print(f"error: would overwrite {', '.join(existing)} (use --force)", file=sys.stderr)
+        print(f"error: would overwrite {', '.join(existing)} (use --force, or another "
+              "--out folder)", file=sys.stderr)
         return True
     return False
 

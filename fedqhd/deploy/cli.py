@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     certs.add_argument("--out", required=True, type=Path)
     certs.add_argument("-n", "--num-supernodes", type=int, default=3)
     certs.add_argument("--san", action="append", default=[],
-                       help="extra host name or IP of the SuperLink (repeatable)")
+                       help="extra host names or IPs of the SuperLink, comma-separated "
+                            "(repeatable; compose: SUPERLINK_HOST takes the same list)")
     certs.add_argument("--days", type=int, default=365)
     certs.add_argument("--owner", type=int, default=None,
                        help="chown everything to this uid/gid (compose: Flower's app user)")
@@ -68,7 +69,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_certs(args: argparse.Namespace) -> int:
     from fedqhd.deploy.certs import make_credentials
 
-    make_credentials(args.out, args.num_supernodes, args.san, args.days, args.owner)
+    sans = split_sans(args.san)
+    made = not (args.out / "superlink" / "server.pem").is_file()
+    make_credentials(args.out, args.num_supernodes, sans, args.days, args.owner)
+    if not made and sans:
+        print(f"note: {args.out}/superlink/server.pem existed and was kept: --san applies "
+              "to a new certificate only (delete the folder superlink/ to remake it)",
+              file=sys.stderr)
     if args.owner is not None:
         for folder in args.chown:
             for path in [folder, *folder.rglob("*")]:
@@ -76,6 +83,12 @@ def cmd_certs(args: argparse.Namespace) -> int:
     print(f"credentials for a SuperLink and {args.num_supernodes} SuperNodes in {args.out} "
           "(existing files kept)")
     return 0
+
+
+def split_sans(values: list[str]) -> list[str]:
+    """``--san a,b --san c`` -> ``[a, b, c]`` (one environment variable can carry them all
+    in compose)."""
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
@@ -111,6 +124,17 @@ def generate_shards(out: Path, num_partitions: int, env: str, episodes: int) -> 
     return out
 
 
+def format_round(row: dict[str, object], total: object = "?") -> str:
+    """One progress line per round of a deployment run (from ``results.json``)."""
+    parts = [f"round {row.get('round')}/{total}"]
+    if isinstance(row.get("return-mean"), int | float):
+        parts.append(f"return {row['return-mean']:.1f} +- {row.get('return-std', 0.0):.1f}")
+    parts.append(f"replies ok {row.get('replies-ok', '?')} failed {row.get('replies-failed', '?')}")
+    if isinstance(row.get("wall-time-s"), int | float):
+        parts.append(f"{row['wall-time-s']:.1f}s")
+    return " | ".join(parts)
+
+
 def cmd_local(args: argparse.Namespace) -> int:
     from fedqhd.deploy.launcher import (
         CONNECTION,
@@ -138,11 +162,18 @@ def cmd_local(args: argparse.Namespace) -> int:
                     print("connect with:\n"
                           f"  FLWR_HOME={dep.flwr_home} "
                           f"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 "
-                          f"flwr run {dep.app_dir} {CONNECTION} --stream\n"
+                          f"{Path(sys.executable).parent / 'flwr'} run {dep.app_dir} "
+                          f"{CONNECTION} --stream\n"
+                          f"results of such runs: {dep.workdir / 'serverapp' / 'outputs'} "
+                          "(output-dir is relative to the ServerApp's folder)\n"
                           "Ctrl-C stops every process.", flush=True)
-                    while True:
-                        time.sleep(3600)
-                results = dep.run(run_config, timeout_s=args.timeout)
+                    while True:  # a process that dies ends the deployment, loudly
+                        dep.check_alive()
+                        time.sleep(2)
+                total = run_config.get("num-server-rounds", "?")
+                results = dep.wait_run(
+                    dep.submit(run_config), timeout_s=args.timeout,
+                    on_round=lambda row: print(format_round(row, total), flush=True))
                 final = json.loads(results.read_text())["final"]
                 print(f"results: {results}\nfinal: {json.dumps(final)}\n"
                       f"total {time.monotonic() - started:.1f}s", flush=True)
