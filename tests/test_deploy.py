@@ -598,3 +598,23 @@ def test_multi_host_docs_name_the_files_certs_writes(tmp_path: Path) -> None:
         assert list(root.glob(concrete)), f"docs name {path}, certs writes no such file"
     node = section[section.index("flower-supernode --superlink"):]
     assert node.index("&\n") < node.index("flower-superexec --runtime-api-address 127.0.0.1:9094")
+
+
+def test_private_files_are_created_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    """Keys and secrets get mode 0600 when created, not by a chmod afterwards (with
+    ``os.chmod`` disabled they are still private, also when overwriting a 0644 file)."""
+    from fedqhd.deploy.certs import make_secret
+
+    monkeypatch.setattr(os, "chmod", lambda *args, **kwargs: None)
+    old = os.umask(0o022)
+    try:
+        made = make_secret(tmp_path / "a.secret")
+        (tmp_path / "b.secret").write_text("public")
+        overwritten = make_secret(tmp_path / "b.secret")
+        key, pub = make_supernode_key(tmp_path / "node")
+    finally:
+        os.umask(old)
+    for path in (made, overwritten, key):
+        assert path.stat().st_mode & 0o777 == 0o600, path
+    assert pub.stat().st_mode & 0o777 == 0o644
