@@ -197,9 +197,15 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, shards: Path
                ) -> Iterator[LocalDeployment]:
     work = tmp_path_factory.mktemp("deploy")
     env = audit_env(work / "audit")
-    with LocalDeployment(work / "run", num_supernodes=3, shards_dir=shards,
-                         server_env=env) as dep:
-        yield dep
+    with pytest.MonkeyPatch.context() as mp:
+        # as `.venv/bin/fedqhd deploy local` without activating the venv (issue 11's
+        # hang): Flower's executables are found only because the launcher puts the
+        # interpreter's bin/ first on the children's PATH
+        mp.setenv("PATH", "/usr/bin:/bin")
+        mp.delenv("VIRTUAL_ENV", raising=False)
+        with LocalDeployment(work / "run", num_supernodes=3, shards_dir=shards,
+                             server_env=env) as dep:
+            yield dep
     for service in dep.services.values():
         assert not service.alive(), f"{service.name} still running"
         with pytest.raises(ProcessLookupError):
@@ -213,8 +219,12 @@ def _rows(results: Path) -> list[dict[str, object]]:
 @pytest.mark.slow
 def test_launcher_runs_two_rounds(deployment: LocalDeployment) -> None:
     started = time.monotonic()
-    results = deployment.run({"num-server-rounds": 2, "min-nodes": 3, **FAST}, timeout_s=300)
+    reported: list[dict[str, object]] = []
+    results = deployment.wait_run(
+        deployment.submit({"num-server-rounds": 2, "min-nodes": 3, **FAST}), timeout_s=300,
+        on_round=reported.append)
     payload = json.loads(results.read_text())
+    assert reported == payload["rounds"]  # progress: every round, once, in order
     rows = payload["rounds"]
     assert [r["round"] for r in rows] == [1, 2]
     assert all(r["replies-ok"] == 3 and r["replies-failed"] == 0 for r in rows)
@@ -508,35 +518,6 @@ def test_shards_for_another_number_of_nodes_are_refused(tmp_path: Path) -> None:
             pass
 
 
-@pytest.mark.slow
-def test_deploy_local_without_an_activated_venv_reports_progress(tmp_path: Path) -> None:
-    """The issue's hang: ``fedqhd deploy local`` from a venv that is not on PATH. It
-    completes, and prints a line per round between "up in" and the result."""
-    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
-    env.update(PATH="/usr/bin:/bin", FEDQHD_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fedqhd.cli", "deploy", "local", "-n", "2", "--episodes", "2",
-         "--rounds", "2", "--workdir", str(tmp_path / "w"),
-         "--run-config", "eval-episodes=2 hd-dim=500 min-nodes=2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:  # let the launcher stop what it started, then its group
-            proc.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=60)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, out
-    lines = out.splitlines()
-    up = next(i for i, line in enumerate(lines) if line.startswith("up in"))
-    rounds = [i for i, line in enumerate(lines) if line.startswith(("round 1/2", "round 2/2"))]
-    done = next(i for i, line in enumerate(lines) if line.startswith("results:"))
-    assert len(rounds) == 2 and up < rounds[0] < rounds[1] < done, out
-
-
 # ---- one set of credentials: compose, docs and `fedqhd deploy certs` agree ----------
 
 
@@ -618,3 +599,60 @@ def test_private_files_are_created_private(tmp_path: Path, monkeypatch: pytest.M
     for path in (made, overwritten, key):
         assert path.stat().st_mode & 0o777 == 0o600, path
     assert pub.stat().st_mode & 0o777 == 0o644
+
+
+class _FakeDeployment:
+    """Stands in for LocalDeployment in ``fedqhd deploy local``: no processes."""
+
+    died: bool = False
+
+    def __init__(self, workdir: Path, *args: object, **kwargs: object) -> None:
+        self.workdir, self.address, self.logs = Path(workdir), "127.0.0.1:1", Path(workdir)
+
+    def __enter__(self) -> _FakeDeployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        print("stopped", flush=True)
+
+    def submit(self, run_config: dict[str, object]) -> dict[str, object]:
+        return run_config
+
+    def wait_run(self, run: dict[str, object], timeout_s: float, on_round) -> Path:  # noqa: ANN001
+        from fedqhd.deploy.launcher import Service, ServiceDied
+
+        for r in (1, 2):
+            on_round({"round": r, "return-mean": 9.0, "return-std": 1.0, "replies-ok": 2,
+                      "replies-failed": 0, "wall-time-s": 5.0 * r})
+        if self.died:
+            dead = Service("superexec-serverapp", [], self.workdir / "x.log",
+                           subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"]))
+            dead.proc.wait()  # type: ignore[union-attr]
+            raise ServiceDied(dead)
+        path = self.workdir / "results.json"
+        path.write_text(json.dumps({"rounds": [], "final": {"round": run["num-server-rounds"]}}))
+        return path
+
+
+def test_deploy_local_prints_rounds_and_reports_a_death(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """The command's wiring: a line per round between "up in" and the result; a process
+    that dies makes it exit 1, naming it, after the deployment was stopped."""
+    import fedqhd.deploy.launcher as launcher
+    from fedqhd.cli import main
+
+    monkeypatch.setattr(launcher, "LocalDeployment", _FakeDeployment)
+    argv = ["deploy", "local", "--rounds", "2", "--shards", str(tmp_path),
+            "--workdir", str(tmp_path)]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = [next(i for i, line in enumerate(lines) if line.startswith(prefix))
+              for prefix in ("up in", "round 1/2 | return 9.0", "round 2/2", "results:")]
+    assert starts == sorted(starts), lines
+    monkeypatch.setattr(_FakeDeployment, "died", True)
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out.index("stopped") >= 0
+    assert "error: superexec-serverapp" in captured.err and "exited with code 1" in captured.err
