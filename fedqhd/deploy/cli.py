@@ -54,7 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="credentials, logs, state, results (default: a temp folder)")
     local.add_argument("--shards", type=Path, default=None,
                        help="folder of shard-<i>.npz (default: generated into the workdir)")
-    local.add_argument("--env", default="CartPole-v1", help="environment of generated shards")
+    local.add_argument("--env", default=None,
+                       help="environment of generated shards and of the run (default: the "
+                       "run config's env-id, else CartPole-v1)")
+    local.add_argument("--env-module", default="",
+                       help="module(s) registering your environments, importable from the app "
+                       "folder: imported to generate shards, and the run's env-module")
     local.add_argument("--episodes", type=int, default=5, help="episodes per generated shard")
     local.add_argument("--rounds", type=int, default=None, help="num-server-rounds")
     local.add_argument("--run-config", default="",
@@ -115,12 +120,18 @@ def _parse_run_config(text: str) -> dict[str, object]:
     return out
 
 
-def generate_shards(out: Path, num_partitions: int, env: str, episodes: int) -> Path:
-    """``fedqhd data generate`` into ``out`` (the compose ``data`` service's command)."""
+def generate_shards(out: Path, num_partitions: int, env: str, episodes: int,
+                    env_module: str = "", epsilon: tuple[float, float] = (0.8, 1.0),
+                    cwd: Path | None = None) -> Path:
+    """``fedqhd data generate`` into ``out`` (the compose ``data`` service's command), run in
+    ``cwd`` (the app folder, where ``env_module`` is importable)."""
+    out = out.resolve()
     if not (out / "shard-0.npz").exists():
         subprocess.run([sys.executable, "-m", "fedqhd.cli", "data", "generate", "--env", env,
+                        "--env-module", env_module, "--epsilon-min", str(epsilon[0]),
+                        "--epsilon-max", str(epsilon[1]),
                         "--num-partitions", str(num_partitions), "--episodes", str(episodes),
-                        "--seed", "0", "--out", str(out)], check=True)
+                        "--seed", "0", "--out", str(out)], check=True, cwd=cwd)
     return out
 
 
@@ -148,11 +159,19 @@ def cmd_local(args: argparse.Namespace) -> int:
     run_config = _parse_run_config(args.run_config)
     if args.rounds is not None:
         run_config["num-server-rounds"] = args.rounds
+    if args.env_module:
+        run_config.setdefault("env-module", args.env_module)
+    env_id = str(args.env or run_config.get("env-id", "CartPole-v1"))
+    if args.shards is None:  # generated shards: the run is of their env
+        run_config["env-id"] = env_id
+    epsilon = (float(run_config.get("epsilon-min", 0.8)),  # type: ignore[arg-type]
+               float(run_config.get("epsilon-max", 1.0)))  # type: ignore[arg-type]
     started = time.monotonic()
     with interrupts_as_exceptions():
         try:
-            shards = args.shards or generate_shards(workdir / "shards", args.num_supernodes,
-                                                    args.env, args.episodes)
+            shards = args.shards or generate_shards(
+                workdir / "shards", args.num_supernodes, env_id, args.episodes,
+                args.env_module, epsilon, cwd=args.app)
             with LocalDeployment(workdir, args.num_supernodes, shards_dir=shards,
                                  app_dir=args.app) as dep:
                 print(f"up in {time.monotonic() - started:.1f}s: SuperLink {dep.address} "
