@@ -219,7 +219,8 @@ class ScreenedReplies:
                 ", ".join(describe(self.nodes[i], self.metrics[i]) for i in lacking))
         if self.metrics:
             # a sum is kept for the sizes; a mean of ids means nothing
-            keys = set().union(*self.metrics) - set(C.SIZE_KEYS) - {C.PARTITION_ID}
+            keys = (set().union(*self.metrics) - set(C.SIZE_KEYS)
+                    - {C.PARTITION_ID, C.VALUE_FLAGS})
             for key in sorted(keys):
                 w, values = zip(*((wi, m[key]) for wi, m in
                                   zip(self.weights, self.metrics, strict=True) if key in m),
@@ -227,7 +228,7 @@ class ScreenedReplies:
                 out[key] = float(self.safeguards.combine(
                     [np.asarray(v, dtype=np.float64) for v in values],
                     list(np.asarray(w) / np.sum(w))))
-            for key in C.SIZE_KEYS:
+            for key in (*C.SIZE_KEYS, C.VALUE_FLAGS):
                 if any(key in m for m in self.metrics):
                     out[key] = int(sum(m.get(key, 0) for m in self.metrics))
         out[C.METRICS_MISSING] = len(missing)

@@ -1,0 +1,59 @@
+"""Memory a client's fit needs, what the machine has, and the refusal when it is not
+enough: a clear message with the estimate, before anything is allocated, instead of a
+bare ``MemoryError`` (or the kernel's OOM killer) in the middle of encoding a shard.
+
+The estimates count float64 arrays only (8 bytes a number), which dominate:
+
+* in memory (:class:`~fedqhd.readout.RidgeFQI`): the encoded states, next states and
+  the per-action copies of the states, ``3 x n x D``, plus each action's Gram and its
+  Cholesky factor, ``2 x |A| x min(n, D)^2``;
+* streamed (:class:`~fedqhd.readout.StreamingRidgeFQI`): each action's Gram and
+  factor, ``2 x |A| x D^2``, plus two encoded chunks, ``2 x chunk x D``.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["GIB", "FitMemoryError", "available_memory", "fit_memory", "format_bytes"]
+
+GIB = 1 << 30
+#: copies of the n x D feature matrix the in-memory fit holds at its peak
+IN_MEMORY_COPIES = 3
+
+
+class FitMemoryError(MemoryError):
+    """A fit would need more memory than allowed; the message gives the estimate."""
+
+
+def fit_memory(n: int, dim: int, n_actions: int, streaming: bool, chunk_size: int = 4096
+               ) -> int:
+    """Bytes the fit of ``n`` transitions with ``dim`` features needs (module docstring)."""
+    n, dim, k = int(n), int(dim), int(n_actions)
+    if streaming:
+        return 8 * (2 * k * dim * dim + 2 * min(chunk_size, max(n, 1)) * dim)
+    return 8 * (IN_MEMORY_COPIES * n * dim + 2 * k * min(n, dim) ** 2)
+
+
+def available_memory() -> int | None:
+    """Bytes the system can give now (``MemAvailable`` of ``/proc/meminfo``, else free
+    physical pages); ``None`` if unknown (then nothing is refused)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def format_bytes(n: float) -> str:
+    """``1.5 GiB``, ``12.0 MiB``: sizes for messages."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", GIB), ("MiB", 1 << 20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} bytes"
