@@ -96,8 +96,8 @@ def load_anchors(path: str | Path, env_id: str) -> np.ndarray:
     bad = ~np.isfinite(out)
     if bad.any():
         row = int(np.argwhere(bad)[0][0])
-        raise ValueError(f"anchor file {path}: {int(bad.sum())} non-finite values (first in "
-                         f"row {row}); values must be finite numbers")
+        raise ValueError(f"anchor file {path}: values must be finite numbers ({int(bad.sum())} "
+                         f"non-finite, the first in row {row})")
     return out
 
 
