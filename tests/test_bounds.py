@@ -1,6 +1,7 @@
 """Huge but finite data (issue 11): shard values within the env's bounds, archive caps
 checked before decompressing, the learner's memory estimate and refusal, anchor files."""
 
+import json
 import tracemalloc
 import warnings
 import zipfile
@@ -17,6 +18,7 @@ from fedqhd.envs import get_spec, register_env, unregister_env
 from fedqhd.learners.fqi import FQILearner
 from fedqhd.memory import FitMemoryError, fit_memory
 from fedqhd.readout import RidgeFQI, StreamingRidgeFQI
+from fedqhd.strategies import contract as C
 
 
 def _shard(n: int = 40, env_id: str = "CartPole-v1", seed: int = 0) -> Shard:
@@ -32,7 +34,6 @@ def _shard(n: int = 40, env_id: str = "CartPole-v1", seed: int = 0) -> Shard:
 
 def _write_raw(path, shard: Shard, compressed: bool = False, **changes) -> None:
     """Save without validation (what a careless or hostile writer produces)."""
-    import json
     arrays = {**shard.arrays(), **changes}
     save = np.savez_compressed if compressed else np.savez
     save(path, **arrays, metadata=np.array(json.dumps(shard.metadata)))
@@ -236,15 +237,15 @@ def test_save_shard_validates_with_the_value_check_it_is_given(tmp_path):
 
 # ------------------------------------------------------------------ memory
 def test_the_issues_shard_streams_automatically_and_a_too_large_fit_is_refused(monkeypatch):
-    # the issue's case: 1e6 transitions at D = 2000 need 44.7 GiB in memory, 128 MB streamed
+    # the issue's case: 1e6 transitions at D = 2000 need 44.7 GiB in memory, 0.3 GiB streamed
     assert fit_memory(10**6, 2000, 2, streaming=False) == 8 * (3 * 10**6 * 2000 + 2 * 2 * 2000**2)
-    assert fit_memory(10**6, 2000, 2, streaming=True) < 2**28
+    assert fit_memory(10**6, 2000, 2, streaming=True) < 2**29
     shard = _shard(200)
     encoder = shared_encoder_params(0, 64, 1.0).build(get_spec("CartPole-v1").obs_bound)
     # mutation checked: dropping the `fit_memory(...) > cap` clause of the streaming choice
     # builds the in-memory fit and this assertion fails
     cap = fit_memory(200, 64, 2, streaming=False) - 1
-    learner = FQILearner(shard, encoder, 2, memory_cap=cap)
+    learner = FQILearner(shard, encoder, 2, memory_cap=cap, chunk_size=50)
     assert isinstance(learner.fqi, StreamingRidgeFQI)
     assert isinstance(FQILearner(shard, encoder, 2, memory_cap=cap + 1).fqi, RidgeFQI)
     # mutation checked: `need <= cap` -> `True` in _check_memory lets both through
@@ -302,3 +303,38 @@ def test_npz_anchor_files_load_and_non_archives_are_refused(tmp_path):
     junk.write_bytes(b"PK\x03\x04 not really a zip")
     with pytest.raises(ValueError, match=f"anchor file {junk}: cannot read"):
         load_anchors(junk, "CartPole-v1")
+
+
+# ------------------------------------------------------------------ in a run
+def test_a_run_refuses_or_flags_a_far_out_shard_and_records_it(tmp_path):
+    # mutation checked: not sending value-flags in fqi's train metrics leaves the rows
+    # without it, and this test fails
+    from fedqhd.client.app import app as client_app
+    from fedqhd.data import generate_client_shard, shard_filename
+    from fedqhd.server import app as server_app
+    from fedqhd.server.inprocess import InProcessGrid
+
+    data = tmp_path / "shards"
+    data.mkdir()
+    for i in range(3):
+        shard = generate_client_shard("CartPole-v1", "iid", i, 3, 2, 0, 1.0, 1.0)
+        if i == 2:
+            shard.rewards[0] = 3e38  # the issue's example
+        _write_raw(data / shard_filename(i), shard)
+    rows = {}
+    for check in ("refuse", "warn"):
+        cfg = RunConfig(output_dir=str(tmp_path / check), data_dir=str(data), hd_dim=100,
+                        num_server_rounds=1, eval_episodes=1, value_check=check,
+                        min_success_fraction=0.5)
+        grid = InProcessGrid([client_app] * 3, run_config=cfg.to_run_config())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, out_dir = server_app.run_federation(grid, cfg)
+        rows[check] = json.loads((out_dir / "results.json").read_text())["rounds"][0]
+    # refused: the client fails (its error names the shard), the round goes on without it
+    assert (rows["refuse"]["replies-failed"], rows["refuse"]["replies-ok"]) == (1, 2)
+    assert C.VALUE_FLAGS not in rows["refuse"]
+    # flagged: recorded in the row; the readout it yields is huge, and the server's norm
+    # bound refuses it (counted with the flag even so)
+    assert (rows["warn"]["replies-failed"], rows["warn"][C.VALUE_FLAGS]) == (0, 1)
+    assert rows["warn"]["replies-norm-refused"] == 1
