@@ -258,8 +258,9 @@ def _strategies():
 @SETTINGS
 @given(st.data())
 def test_malformed_train_replies_never_raise_and_are_counted(data):
-    # mutation checked: deleting the `except Exception` of screen_replies lets "garbage"
-    # and "huge header" arrays raise out of aggregate_train
+    # mutation checked: narrowing the `except Exception` clauses of screening.py (decode_array,
+    # screen_replies, _majority_shape: they back each other up) lets "garbage" arrays raise
+    # out of aggregate_train
     for strategy, key, shape in _strategies():
         honest = _honest(key, shape)
         expected, content = data.draw(bad_reply(key, shape))
@@ -343,3 +344,14 @@ def test_malformed_exact_replies_never_raise_and_are_rejected(data):
     _, out = strategy.aggregate_train(1, replies)
     assert (out[C.REPLIES_OK], out[C.REPLIES_REJECTED]) == (3, 1), (key, kind)
     assert out[C.EXACT_CLIENTS] == 3
+
+
+def test_a_first_reply_of_another_shape_does_not_set_the_expected_shape():
+    # found by the property test above: FedQHDAvg() without a known shape took the first
+    # reply's shape, so one malformed first reply had every honest reply rejected
+    # (mutation checked: `expected_shape = _majority_shape(...)` -> `None` fails this)
+    first = _message(99, RecordDict({C.ARRAYS: ArrayRecord({C.READOUT: Array(np.ones(()))}),
+                                     C.METRICS: MetricRecord({C.NUM_TRANSITIONS: 10})}))
+    arrays, metrics = FedQHDAvg().aggregate_train(1, [first, *_honest(C.READOUT, SHAPE)])
+    assert (metrics[C.REPLIES_OK], metrics[C.REPLIES_REJECTED]) == (4, 1)
+    assert arrays[C.READOUT].numpy().shape == SHAPE
