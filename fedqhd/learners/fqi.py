@@ -97,8 +97,8 @@ class FQILearner:
         if streaming is None:
             streaming = (2 * n * dim * 8 > budget
                          or (cap is not None and fit_memory(n, dim, n_actions, False) > cap))
-        _check_memory(n, dim, int(n_actions), streaming, chunk_size, cap,
-                      memory_cap is not None)
+        _check_memory(n, dim, int(n_actions), streaming, chunk_size, shard.observations.shape[1],
+                      cap, memory_cap is not None)
         self.fqi: RidgeFQI | StreamingRidgeFQI
         if streaming:
             self.fqi = StreamingRidgeFQI(encoder.encode, encoder.n_components, n_actions,
@@ -212,9 +212,9 @@ class FQILearner:
 
 
 def _check_memory(n: int, dim: int, n_actions: int, streaming: bool, chunk_size: int,
-                  cap: int | None, cap_given: bool) -> None:
+                  obs_dim: int, cap: int | None, cap_given: bool) -> None:
     """Refuse a fit that would need more than ``cap`` bytes (``None``: unknown, allow)."""
-    need = fit_memory(n, dim, n_actions, streaming, chunk_size)
+    need = fit_memory(n, dim, n_actions, streaming, chunk_size, obs_dim)
     if cap is None or need <= cap:
         return
     limit = (f"the cap of {format_bytes(cap)} (memory-cap-gib)" if cap_given
@@ -225,7 +225,7 @@ def _check_memory(n: int, dim: int, n_actions: int, streaming: bool, chunk_size:
     else:
         how = (f"the in-memory fit holds 3 x n x D float64 features (n = {n}, D = {dim}): use "
                f"the streaming fit (streaming=None or True; it needs "
-               f"{format_bytes(fit_memory(n, dim, n_actions, True, chunk_size))}), lower "
+               f"{format_bytes(fit_memory(n, dim, n_actions, True, chunk_size, obs_dim))}), lower "
                "hd-dim, or split the shard")
     raise FitMemoryError(f"the client's fit needs about {format_bytes(need)}, more than {limit}; "
                          f"{how}; or raise run-config memory-cap-gib (0: the memory "
