@@ -1,7 +1,10 @@
 """Property-based tests (hypothesis) of the two doors data comes in by (issue 11): random
 malformed shard files are refused with ShardError, never crash and are never silently
 accepted; random malformed replies never make a strategy's aggregate_train or
-aggregate_evaluate raise, and each is counted (rejected, or its weight capped)."""
+aggregate_evaluate raise, and each is counted (rejected, or its weight capped).
+(tests/test_robustness.py has the FedQHDAvg train-reply property at 300 examples; here:
+FedQHDAnchor, FedQHDExact, evaluation, the bad reply anywhere in the round, norms and
+claimed sizes.)"""
 
 import io
 import json
