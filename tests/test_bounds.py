@@ -226,6 +226,19 @@ def test_rows_are_capped_before_loading_and_honest_compressed_shards_load(tmp_pa
         ShardLimits(max_compression_ratio=0.5)
 
 
+def test_inspect_refuses_or_lists_far_out_values(tmp_path, capsys):
+    from fedqhd.cli import main
+    shard = _shard()
+    rewards = shard.rewards.copy()
+    rewards[1] = 3e38
+    _write_raw(tmp_path / "shard-0.npz", shard, rewards=rewards)
+    assert main(["data", "inspect", str(tmp_path)]) == 1
+    assert "rewards far outside" in capsys.readouterr().err
+    with pytest.warns(UserWarning):
+        assert main(["data", "inspect", str(tmp_path), "--value-check", "warn"]) == 0
+    assert "flagged: rewards far outside CartPole-v1's bounds" in capsys.readouterr().out
+
+
 def test_save_shard_validates_with_the_value_check_it_is_given(tmp_path):
     shard = _shard()
     shard.rewards[0] = 1e30
