@@ -63,6 +63,9 @@ RETURN_STD = "return-std"                    #: evaluate reply: std of greedy re
 GRAM_THROUGH = "gram-through"                #: reply (exact): transitions its Grams now cover
 EXACT_CLIENTS = "exact-clients"              #: round (exact): clients in the pooled system
 EXACT_STALE = "exact-stale"                  #: round (exact): clients whose phi-y is an old one
+VALUE_FLAGS = "value-flags"                  #: reply: fields of the client's shard flagged far
+#                                               outside the env's bounds (value-check = warn);
+#                                               round: their sum
 REPLIES_OK = "replies-ok"                    #: round metric: replies aggregated
 REPLIES_FAILED = "replies-failed"            #: round metric: replies carrying an error
 REPLIES_REJECTED = "replies-rejected"        #: round metric: replies refused by screening

@@ -46,7 +46,7 @@ from fedqhd.gram import GramSystems, pooled_value_range
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
-from .screening import ScreenedReplies, _check, describe, reply_size
+from .screening import ScreenedReplies, _check, decode_array, describe, reply_size
 
 
 class FedQHDExact(FunctionSpaceStrategy):
@@ -207,21 +207,24 @@ class FedQHDExact(FunctionSpaceStrategy):
             return f"no '{C.ARRAYS}' ArrayRecord", None, None
         if C.REWARD_RANGE not in record:
             return f"no '{C.REWARD_RANGE}' array", None, None
-        extremes = record[C.REWARD_RANGE].numpy().astype(np.float64)
-        if extremes.shape != (2,) or not np.all(np.isfinite(extremes)) or extremes[0] > extremes[1]:
+        # decoded as screening does: real floats only, bytes as the header claims
+        reason, extremes = decode_array(record[C.REWARD_RANGE], (2,))
+        if reason is not None or extremes is None:
+            return f"'{C.REWARD_RANGE}': {reason}", None, None
+        if not np.all(np.isfinite(extremes)) or extremes[0] > extremes[1]:
             return f"'{C.REWARD_RANGE}' must be finite [min, max]", None, None
         if C.GRAM not in record:
             if self._have.get(node, 0) == 0:
                 return f"no '{C.GRAM}' from a client whose Gram the server lacks", None, None
             return None, None, extremes
-        gram = record[C.GRAM].numpy()
         expected = (self.n_actions, self.dim * (self.dim + 1) // 2)
-        if gram.shape != expected:
-            return f"'{C.GRAM}' has shape {gram.shape}, expected {expected}", None, None
+        reason, gram = decode_array(record[C.GRAM], expected)
+        if reason is not None or gram is None:
+            return f"'{C.GRAM}': {reason}", None, None
         if not np.all(np.isfinite(gram)):
             return f"'{C.GRAM}' holds non-finite values", None, None
         through = metrics.get(C.GRAM_THROUGH)
         if through is None or through <= self._have.get(node, 0):
             return (f"'{C.GRAM_THROUGH}' missing or not beyond the {self._have.get(node, 0)} "
                     f"transitions already held"), None, None
-        return None, gram.astype(np.float64), extremes
+        return None, gram, extremes

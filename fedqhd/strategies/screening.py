@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -166,6 +167,9 @@ class ScreenedReplies:
     norm_refused: int = 0
     weight_capped: int = 0
     identity_refused: int = 0
+    #: sum of the ``value-flags`` every readable reply claims, refused ones included (a
+    #: flagged shard often yields a reply the norm bound refuses); None: none claimed any
+    value_flags: int | None = None
     #: messages sent this round (None: unknown, taken as ``received``)
     sampled: int | None = None
     safeguards: Safeguards = OFF
@@ -219,7 +223,8 @@ class ScreenedReplies:
                 ", ".join(describe(self.nodes[i], self.metrics[i]) for i in lacking))
         if self.metrics:
             # a sum is kept for the sizes; a mean of ids means nothing
-            keys = set().union(*self.metrics) - set(C.SIZE_KEYS) - {C.PARTITION_ID}
+            keys = (set().union(*self.metrics) - set(C.SIZE_KEYS)
+                    - {C.PARTITION_ID, C.VALUE_FLAGS})
             for key in sorted(keys):
                 w, values = zip(*((wi, m[key]) for wi, m in
                                   zip(self.weights, self.metrics, strict=True) if key in m),
@@ -231,6 +236,11 @@ class ScreenedReplies:
                 if any(key in m for m in self.metrics):
                     out[key] = int(sum(m.get(key, 0) for m in self.metrics))
         out[C.METRICS_MISSING] = len(missing)
+        flags = self.value_flags
+        if flags is None and any(C.VALUE_FLAGS in m for m in self.metrics):
+            flags = int(sum(m.get(C.VALUE_FLAGS, 0) for m in self.metrics))
+        if flags is not None:
+            out[C.VALUE_FLAGS] = flags
         out.update(self.counts())
         return MetricRecord(out)
 
@@ -279,8 +289,8 @@ def screen_replies(
         Key of the array each reply must carry in its ``arrays`` record; ``None``
         for metric-only replies (evaluation).
     expected_shape : tuple or None
-        Required shape of that array (``None``: any shape, but all equal to the first
-        accepted one).
+        Required shape of that array (``None``: the shape most well-formed replies
+        have, so that a first reply of another shape cannot set it).
     uniform : bool
         Weight accepted replies equally instead of by ``num-transitions``.
     label : str
@@ -295,6 +305,9 @@ def screen_replies(
     """
     out = ScreenedReplies(safeguards=safeguards, sampled=sampled, label=label)
     claims: list[float] = []
+    replies = list(replies)
+    if expected_shape is None and array_key is not None:
+        expected_shape = _majority_shape(replies, array_key)
     for msg in replies:
         out.received += 1
         node: Any = "?"
@@ -305,6 +318,7 @@ def screen_replies(
                 log(WARNING, "%s: %s replied with an error: %s", label,
                     describe(node, None, known), msg.error.reason)
                 continue
+            _count_value_flags(out, msg)
             reason, array, metrics = _check(msg, array_key, expected_shape)
         except Exception as exc:  # noqa: BLE001 - whatever a reply holds, the round goes on
             reason, array, metrics = f"unreadable reply ({type(exc).__name__}: {exc})", None, {}
@@ -313,8 +327,6 @@ def screen_replies(
             log(WARNING, "%s: reply of %s left out: %s", label,
                 describe(node, _metrics_or_none(msg), known), reason)
             continue
-        if expected_shape is None and array is not None:
-            expected_shape = array.shape
         if array is not None:
             out.arrays.append(array)
         out.metrics.append(metrics)
@@ -328,6 +340,33 @@ def screen_replies(
         "%d weights capped", label, len(out.metrics), out.failed, out.rejected,
         out.norm_refused, out.weight_capped)
     return out
+
+
+def _majority_shape(replies: list[Message], array_key: str) -> tuple[int, ...] | None:
+    """The shape most replies' well-formed finite ``array_key`` arrays have (ties: the
+    first seen); ``None`` if there is none. Never raises."""
+    shapes: Counter[tuple[int, ...]] = Counter()
+    for msg in replies:
+        try:
+            if msg.has_error():
+                continue
+            record = msg.content.get(C.ARRAYS)
+            if not isinstance(record, ArrayRecord) or array_key not in record:
+                continue
+            reason, array = decode_array(record[array_key], None)
+            if reason is None and array is not None and np.all(np.isfinite(array)):
+                shapes[array.shape] += 1
+        except Exception:  # noqa: BLE001 - a crafted reply is simply not counted
+            continue
+    return shapes.most_common(1)[0][0] if shapes else None
+
+
+def _count_value_flags(out: ScreenedReplies, msg: Message) -> None:
+    """Add the reply's claimed ``value-flags`` (a count >= 0; anything else is ignored)."""
+    record = _metrics_or_none(msg)
+    value = record.get(C.VALUE_FLAGS) if record is not None else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 2**31:
+        out.value_flags = (out.value_flags or 0) + int(value)
 
 
 def _metrics_or_none(msg: Message) -> Any:
