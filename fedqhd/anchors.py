@@ -10,6 +10,7 @@ the user provides.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -55,20 +56,49 @@ def uniform_anchors(env_id: str, m: int, seed: int) -> np.ndarray:
     return states
 
 
+#: the array an ``.npz`` anchor file must hold
+ANCHOR_KEY = "anchors"
+
+
 def load_anchors(path: str | Path, env_id: str) -> np.ndarray:
-    """Anchors from a ``.npy`` file of shape (m, obs_dim), validated."""
+    """Anchors from a ``.npy`` file of shape (m, obs_dim), or an ``.npz`` holding that
+    array under the key ``"anchors"``: real numbers, finite, m >= 1.
+
+    Raises
+    ------
+    ValueError
+        Naming the file and the problem (unreadable, not an array or archive, a
+        missing key, wrong shape or dtype, non-finite values).
+    """
     path = Path(path)
+    members: list[str] | None = None  # the .npz's arrays; None: a .npy
     try:
-        anchors = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"anchor file {path}: cannot read a .npy array ({exc})") from exc
+        loaded = np.load(path, allow_pickle=False)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                members = list(loaded.files)
+                anchors = loaded[ANCHOR_KEY] if ANCHOR_KEY in members else None
+        else:
+            anchors = loaded
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"anchor file {path}: cannot read a .npy array or .npz archive "
+                         f"({exc})") from exc
+    if anchors is None:
+        raise ValueError(f"anchor file {path}: the .npz has no {ANCHOR_KEY!r} array (it has: "
+                         f"{', '.join(members or []) or 'none'})")
+    if anchors.dtype.kind not in "iuf":
+        raise ValueError(f"anchor file {path}: dtype {anchors.dtype}, expected real numbers")
     obs_dim = get_spec(env_id).obs_dim
     if anchors.ndim != 2 or anchors.shape[1] != obs_dim or len(anchors) == 0:
         raise ValueError(f"anchor file {path}: expected shape (m, {obs_dim}) for {env_id}, "
                          f"got {anchors.shape}")
-    if not np.issubdtype(anchors.dtype, np.number) or not np.all(np.isfinite(anchors)):
-        raise ValueError(f"anchor file {path}: values must be finite numbers")
-    return anchors.astype(np.float64)
+    out = anchors.astype(np.float64)
+    bad = ~np.isfinite(out)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise ValueError(f"anchor file {path}: values must be finite numbers ({int(bad.sum())} "
+                         f"non-finite, the first in row {row})")
+    return out
 
 
 def make_anchors(source: str, env_id: str, m: int, seed: int, path: str = "") -> np.ndarray:

@@ -16,8 +16,19 @@ SUBCOMMAND_MODULES = (
     "fedqhd.data.cli",
     "fedqhd.bench",
     "fedqhd.pool.cli",
+    "fedqhd.privacy.cli",
     "fedqhd.deploy.cli",
 )
+
+#: top-level modules of the ``full`` extra (pyproject.toml): one missing means the light
+#: install (``pip install fedqhd``: the strategies only), not a broken checkout
+FULL_EXTRA_MODULES = frozenset({"gymnasium", "Box2D", "scipy", "sklearn", "matplotlib", "tqdm",
+                                "dp_accounting", "opendp", "ray"})
+INSTALL_FULL = 'pip install "fedqhd[full]"  (from a checkout: pip install -e ".[full]")'
+
+
+class MissingExtra(RuntimeError):
+    """A sub-command needs a dependency of the ``full`` extra that is not installed."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,13 +42,23 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as exc:  # a part not installed in this checkout
             if exc.name and name.startswith(exc.name):
                 continue
+            if (exc.name or "").split(".")[0] in FULL_EXTRA_MODULES:
+                raise MissingExtra(
+                    f"the fedqhd command needs the 'full' extra ({exc.name!r} is not "
+                    f"installed; this looks like the light install, which has the "
+                    f"strategies only). Install it with: {INSTALL_FULL}") from exc
             raise
         module.register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()
+    except MissingExtra as exc:
+        print(f"fedqhd: {exc}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 
 

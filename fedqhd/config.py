@@ -17,6 +17,7 @@ from typing import Any
 
 from fedqhd.anchors import ANCHOR_SOURCES
 from fedqhd.data.partition import PARTITIONS
+from fedqhd.data.shard import MAX_COMPRESSION_RATIO, MAX_TRANSITIONS, VALUE_CHECKS
 from fedqhd.encoders import ENCODER_KINDS
 from fedqhd.envs import env_ids, is_registered, load_env_modules
 from fedqhd.envs.inventory import DEMANDS as POOL_DEMANDS
@@ -107,6 +108,17 @@ class RunConfig:
                                                           "behaviour randomness, lowest"))
     epsilon_max: float = field(default=1.0, metadata=_key(_float_range(0.0, 1.0),
                                                           "behaviour randomness, highest"))
+    value_check: str = field(default="refuse", metadata=_key(
+        _choice(VALUE_CHECKS), "shard values far outside the env's bounds (docs/data.md): "
+        "refuse, warn (flag: a warning and the reply metric value-flags) or off"))
+    max_shard_transitions: int = field(default=MAX_TRANSITIONS, metadata=_key(
+        _int_range(1, 2**62), "most rows a shard file may declare (checked before loading)"))
+    max_compression_ratio: float = field(default=MAX_COMPRESSION_RATIO, metadata=_key(
+        _float_range(1.0, 1e12), "most a shard archive may expand (uncompressed / file "
+        "size; archives under 16 MiB exempt); refused before decompressing"))
+    memory_cap_gib: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1e9), "GiB a client's learner may allocate for its fit (0: the "
+        "memory available when it starts); above it the fit streams or is refused"))
     encoder: str = field(default="shared", metadata=_key(_choice(ENCODER_KINDS),
                                                          "one encoder for all or one each"))
     hd_dim: int = field(default=2000, metadata=_key(_int_range(8, 200_000),
@@ -137,8 +149,8 @@ class RunConfig:
         _float_range(0.0, 1.0, lo_open=True), "fraction of nodes trained per round"))
     anchor_source: str = field(default="rollouts", metadata=_key(_choice(ANCHOR_SOURCES),
                                                                  "where anchors come from"))
-    anchor_file: str = field(default="", metadata=_key(lambda v: None,
-                                                       ".npy of anchors (anchor-source=file)"))
+    anchor_file: str = field(default="", metadata=_key(
+        lambda v: None, ".npy of anchors, or .npz with key 'anchors' (anchor-source=file)"))
     num_anchors: int = field(default=1000, metadata=_key(_int_range(1, 1_000_000),
                                                          "m, anchor states"))
     min_nodes: int = field(default=2, metadata=_key(_int_range(1, 100_000),
@@ -238,9 +250,12 @@ class RunConfig:
         "(node config 'rho-budget' overrides)"))
     pool_delta: float = field(default=1e-5, metadata=_key(
         _float_range(0.0, 1.0, lo_open=True, hi_open=True), "delta of epsilon and E_rho"))
-    pool_noise: str = field(default="numpy", metadata=_key(
-        _choice(NOISE_KINDS), "numpy (seeded, NOT secure) | opendp | none "
-        "(node config 'noise' overrides)"))
+    pool_noise: str = field(default="opendp", metadata=_key(
+        _choice(NOISE_KINDS), "opendp (secure, the default) | numpy (experiments only, "
+        "NOT secure) | none (node config 'noise' overrides)"))
+    reproducible_noise: bool = field(default=False, metadata=_key(
+        lambda v: None, "numpy noise seeded from (seed, partition-id) so anyone with the run "
+        "config can regenerate it; off: fresh entropy per release (opendp is never seeded)"))
     non_private: bool = field(default=False, metadata=_key(
         lambda v: None, "mark the run non-private: only then are noise-free clients accepted"))
     pool_products: int = field(default=2, metadata=_key(_int_range(1, 8),
@@ -328,7 +343,7 @@ class RunConfig:
         if problem:
             raise ConfigError(problem)
         if self.anchor_source == "file" and not self.anchor_file:
-            raise ConfigError("run-config key 'anchor-file' must name a .npy file when "
+            raise ConfigError("run-config key 'anchor-file' must name a .npy or .npz file when "
                               "'anchor-source' = 'file'")
 
     @property

@@ -26,6 +26,11 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 from scipy.linalg.blas import dsymv, dsyrk
 
+# the numpy-only parts, which the strategies share (fedqhd.gram), re-exported here
+from .gram import GramSystems as GramSystems
+from .gram import pooled_value_range as pooled_value_range
+from .gram import value_range as value_range
+
 #: where Bellman targets are kept: "fitted" (the learner's own ``q_range_``), (lo, hi), None
 RangeArg = str | tuple[float, float] | None
 
@@ -98,22 +103,6 @@ def ridge_project(
     readout = system.solve(targets)
     residual = float(np.linalg.norm(system.features @ readout - targets))
     return readout, residual
-
-
-def value_range(rewards: np.ndarray, gamma: float) -> tuple[float, float]:
-    """The interval every discounted return (with or without termination) lies in.
-
-    With rewards in ``[r_min, r_max]`` a return ``sum_t gamma^t r_t`` over any
-    number of steps (0 after termination) lies in
-    ``[min(0, r_min) / (1 - gamma), max(0, r_max) / (1 - gamma)]``; the 0 is
-    there because an episode may end at once. ``rewards`` are the rewards seen
-    (an empty array gives ``(0, 0)``).
-    """
-    if not 0.0 <= gamma < 1.0:
-        raise ValueError(f"gamma must lie in [0, 1), got {gamma}")
-    r = np.asarray(rewards, dtype=np.float64)
-    r_min, r_max = (float(r.min()), float(r.max())) if r.size else (0.0, 0.0)
-    return min(0.0, r_min) / (1.0 - gamma), max(0.0, r_max) / (1.0 - gamma)
 
 
 def bellman_targets(
@@ -337,43 +326,6 @@ def chunked_grams(encode: Callable[[np.ndarray], np.ndarray], observations: np.n
         for start in range(0, len(rows), chunk_size):
             _rank_update(upper[a], encode(observations[rows[start:start + chunk_size]]))
     return _symmetric(upper)
-
-
-def pooled_value_range(reward_extremes: list[np.ndarray] | np.ndarray, gamma: float
-                       ) -> tuple[float, float]:
-    """:func:`value_range` of pooled rewards, from each party's ``[min, max]``."""
-    return value_range(np.asarray(reward_extremes, dtype=np.float64).reshape(-1), gamma)
-
-
-class GramSystems:
-    """Per-action primal ridge systems ``G_a + (ridge + proximal) I``, factored once.
-
-    :meth:`solve` minimises ``||Phi_a w - y_a||^2 + ridge ||w||^2 + proximal ||w - prior_a||^2``
-    from ``G_a = Phi_a^T Phi_a`` and ``b_a = Phi_a^T y_a`` alone: the minimiser of
-    :class:`RidgeSystem` (primal form). Only the upper triangle of each Gram is read.
-    """
-
-    def __init__(self, grams: np.ndarray | list[np.ndarray], ridge: float,
-                 proximal: float = 0.0) -> None:
-        if ridge < 0 or proximal < 0 or ridge + proximal <= 0:
-            raise ValueError(f"need ridge >= 0, proximal >= 0, ridge + proximal > 0; "
-                             f"got ridge={ridge}, proximal={proximal}")
-        self.ridge, self.proximal = float(ridge), float(proximal)
-        c = self.ridge + self.proximal
-        self._factors = []
-        for gram in grams:
-            shifted = np.array(gram, dtype=np.float64, order="F")
-            shifted[np.diag_indices_from(shifted)] += c
-            self._factors.append(cho_factor(shifted, lower=False, overwrite_a=True,
-                                            check_finite=False))
-
-    def solve(self, rhs: np.ndarray, prior: np.ndarray | None = None) -> np.ndarray:
-        """The readout (D, |A|) from ``rhs = [Phi_a^T y_a]_a`` (D, |A|)."""
-        b = np.array(rhs, dtype=np.float64)
-        if prior is not None and self.proximal:
-            b += self.proximal * np.asarray(prior, dtype=np.float64)
-        return np.stack([cho_solve(f, b[:, a], check_finite=False)
-                         for a, f in enumerate(self._factors)], axis=1)
 
 
 class StreamingRidgeFQI:

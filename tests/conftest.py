@@ -1,4 +1,5 @@
-"""Shared fixtures: a private local SuperLink for the end-to-end ``flwr run`` tests.
+"""Shared fixtures: a private local SuperLink for the end-to-end ``flwr run`` tests, and a
+private ledger folder for every test.
 
 Each test gets its own ``flower-superlink --simulation`` (:func:`fedqhd.scale.local_superlink`:
 free ports, a private FLWR_HOME, so ``flwr run`` reuses it); it is stopped, with
@@ -20,3 +21,12 @@ def local_superlink(tmp_path: Path) -> Iterator[dict[str, str]]:
 
     with start(tmp_path) as (env, _):
         yield env
+
+
+@pytest.fixture(autouse=True)
+def private_ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test's POOL clients keep their on-disk privacy ledgers in its own tmp dir
+    (never in ~/.fedqhd/ledgers, and never shared between tests)."""
+    directory = tmp_path / "ledgers"
+    monkeypatch.setenv("FEDQHD_LEDGER_DIR", str(directory))
+    return directory

@@ -11,6 +11,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -196,9 +197,15 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, shards: Path
                ) -> Iterator[LocalDeployment]:
     work = tmp_path_factory.mktemp("deploy")
     env = audit_env(work / "audit")
-    with LocalDeployment(work / "run", num_supernodes=3, shards_dir=shards,
-                         server_env=env) as dep:
-        yield dep
+    with pytest.MonkeyPatch.context() as mp:
+        # as `.venv/bin/fedqhd deploy local` without activating the venv (issue 11's
+        # hang): Flower's executables are found only because the launcher puts the
+        # interpreter's bin/ first on the children's PATH
+        mp.setenv("PATH", "/usr/bin:/bin")
+        mp.delenv("VIRTUAL_ENV", raising=False)
+        with LocalDeployment(work / "run", num_supernodes=3, shards_dir=shards,
+                             server_env=env) as dep:
+            yield dep
     for service in dep.services.values():
         assert not service.alive(), f"{service.name} still running"
         with pytest.raises(ProcessLookupError):
@@ -212,8 +219,12 @@ def _rows(results: Path) -> list[dict[str, object]]:
 @pytest.mark.slow
 def test_launcher_runs_two_rounds(deployment: LocalDeployment) -> None:
     started = time.monotonic()
-    results = deployment.run({"num-server-rounds": 2, "min-nodes": 3, **FAST}, timeout_s=300)
+    reported: list[dict[str, object]] = []
+    results = deployment.wait_run(
+        deployment.submit({"num-server-rounds": 2, "min-nodes": 3, **FAST}), timeout_s=300,
+        on_round=reported.append)
     payload = json.loads(results.read_text())
+    assert reported == payload["rounds"]  # progress: every round, once, in order
     rows = payload["rounds"]
     assert [r["round"] for r in rows] == [1, 2]
     assert all(r["replies-ok"] == 3 and r["replies-failed"] == 0 for r in rows)
@@ -257,7 +268,7 @@ def test_unregistered_supernode_is_refused(deployment: LocalDeployment,
     key, _ = make_supernode_key(tmp_path / "rogue")
     argv = deployment.supernode_argv(1, key=key)
     argv[argv.index("--port") + 1] = str(free_port())
-    deployment.spawn("rogue-supernode", argv)
+    deployment.spawn("rogue-supernode", argv, watch=False)
     assert _wait_exit(deployment, "rogue-supernode") != 0
     log = deployment.services["rogue-supernode"].log_tail(20000)
     assert "Failed to activate SuperNode" in log or "not registered" in log.lower(), log
@@ -281,7 +292,7 @@ def test_client_without_the_ca_cannot_connect(deployment: LocalDeployment) -> No
             argv.insert(at, "--insecure")
         argv[argv.index("--port") + 1] = str(free_port())
         argv[argv.index("--max-retries") + 1] = "0"
-        deployment.spawn(name, argv)
+        deployment.spawn(name, argv, watch=False)
         assert _wait_exit(deployment, name) != 0, name
     assert len(deployment.online_nodes()) == 3
     # the flwr CLI without the CA is refused too
@@ -396,3 +407,252 @@ def test_ctrl_c_stops_the_launcher_and_its_processes(tmp_path: Path) -> None:
         for path in logs.glob("*.pgid"):  # last resort, by the recorded groups only
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(path.read_text()), signal.SIGKILL)
+
+
+# ---- fail fast, progress, shard count (fake children: no Flower processes) ------------
+
+
+def test_children_find_flower_next_to_the_interpreter(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Called as ``.venv/bin/fedqhd`` without activating the venv (PATH without its
+    bin/), a SuperExec must still find ``flwr-serverapp``: children get that bin/ first."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    dep = LocalDeployment(tmp_path, num_supernodes=1, shards_dir=None)
+    env = dep.env()
+    here = str(Path(sys.executable).parent)
+    assert env["PATH"].split(os.pathsep) == [here, "/usr/bin", "/bin"]
+    for tool in ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-serverapp",
+                 "flwr-clientapp", "flwr"):
+        found = subprocess.run(["sh", "-c", f"command -v {tool}"], env=env,
+                               capture_output=True, text=True)
+        assert found.stdout.strip() == f"{here}/{tool}", (tool, found)
+
+
+def _die_after(seconds: float, code: int, message: str) -> list[str]:
+    return [sys.executable, "-c",
+            f"import sys, time; time.sleep({seconds}); print({message!r}, flush=True); "
+            f"sys.exit({code})"]
+
+
+def _sleeper() -> list[str]:
+    return [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def test_a_dead_process_is_reported_and_the_rest_stopped(tmp_path: Path) -> None:
+    """A watched process that exits ends a run at once, naming it, with its exit code
+    and the end of its log; leaving the ``with`` block stops the others."""
+    from fedqhd.deploy.launcher import ServiceDied
+
+    dep = LocalDeployment(tmp_path, num_supernodes=1, shards_dir=None)
+    try:
+        survivor = dep.spawn("superlink", _sleeper())
+        dep.spawn("superexec-serverapp",
+                  _die_after(0.5, 3, "FileNotFoundError: 'flwr-serverapp'"))
+        dep.check_alive()  # both still up
+        run = dep.spawn("flwr-run", _sleeper(), watch=False)
+        started = time.monotonic()
+        with pytest.raises(ServiceDied) as info:
+            dep.wait_run(run, timeout_s=60, poll_s=0.2)
+        assert time.monotonic() - started < 10
+        text = str(info.value)
+        assert "superexec-serverapp" in text and "exited with code 3" in text
+        assert "FileNotFoundError: 'flwr-serverapp'" in text
+        assert not run.alive(), "the run command is stopped with the deployment"
+        assert survivor.alive()
+    finally:
+        dep.stop()
+    assert not survivor.alive()
+    # processes stopped on purpose (a killed SuperNode in a test) are not failures
+    dep2 = LocalDeployment(tmp_path / "b", num_supernodes=1, shards_dir=None)
+    try:
+        dep2._stop_service(dep2.spawn("supernode-1", _sleeper()))
+        dep2.check_alive()
+    finally:
+        dep2.stop()
+
+
+def test_wait_run_reports_every_round_once(tmp_path: Path) -> None:
+    """Progress: each round row that ``results.json`` gains is passed on, in order."""
+    dep = LocalDeployment(tmp_path, num_supernodes=1, shards_dir=None)
+    run_dir = dep.output_dir / "2026-11-30" / "01-02-03"
+    script = (
+        "import json, os, sys, time\n"
+        f"d = {str(run_dir)!r}\n"
+        "os.makedirs(d, exist_ok=True)\n"
+        "rows = []\n"
+        "for r in (1, 2, 3):\n"
+        "    rows.append({'round': r, 'return-mean': 10.0 * r, 'return-std': 1.0,\n"
+        "                 'replies-ok': 2, 'replies-failed': 0, 'wall-time-s': r})\n"
+        "    payload = {'rounds': rows}\n"
+        "    if r == 3: payload['final'] = {'round': 3}\n"
+        "    open(d + '/results.json.tmp', 'w').write(json.dumps(payload))\n"
+        "    os.replace(d + '/results.json.tmp', d + '/results.json')\n"
+        "    time.sleep(0.4)\n")
+    seen: list[dict[str, object]] = []
+    try:
+        dep._run_started = time.time()
+        run = dep.spawn("flwr-run", [sys.executable, "-c", script], watch=False)
+        results = dep.wait_run(run, timeout_s=60, on_round=seen.append, poll_s=0.1)
+    finally:
+        dep.stop()
+    assert results == run_dir / "results.json"
+    assert [r["round"] for r in seen] == [1, 2, 3]
+    from fedqhd.deploy.cli import format_round
+
+    assert format_round(seen[1], 20) == \
+        "round 2/20 | return 20.0 +- 1.0 | replies ok 2 failed 0 | 2.0s"
+
+
+def test_shards_for_another_number_of_nodes_are_refused(tmp_path: Path) -> None:
+    """``deploy local -n 5 --shards`` of 10 partitions must not quietly use 5 of them."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(10):
+        (shards / f"shard-{i}.npz").write_bytes(b"")
+    with pytest.raises(DeploymentError, match=r"shards for 10 partitions.*-n 10"):
+        with LocalDeployment(tmp_path / "w", 5, shards_dir=shards):
+            pass
+    (shards / "manifest.json").write_text(json.dumps({"settings": {"num_partitions": 12}}))
+    with pytest.raises(DeploymentError, match="shards for 12 partitions"):
+        with LocalDeployment(tmp_path / "w", 10, shards_dir=shards):
+            pass
+
+
+# ---- one set of credentials: compose, docs and `fedqhd deploy certs` agree ----------
+
+
+def test_compose_mounts_exactly_the_files_certs_writes(tmp_path: Path) -> None:
+    """Every credentials volume of the compose file is a folder of ``make_credentials``'s
+    layout (the ``certs`` service writes it there), and every ``/app/...`` credential
+    path a service's command names exists in the folder mounted at that point."""
+    root = make_credentials(tmp_path / "creds", 3)
+    services = yaml.safe_load(render_compose(3))["services"]
+    certs_mounts = {v.split(":")[1]: v.split(":")[0] for v in services["certs"]["volumes"]}
+    for mount, volume in certs_mounts.items():
+        if mount.startswith("/credentials/"):
+            folder = mount.removeprefix("/credentials/")
+            assert volume == f"credentials-{folder}" and (root / folder).is_dir(), mount
+    checked = 0
+    for name, svc in services.items():
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in svc.get("volumes", [])
+                  if v.startswith("credentials-")}
+        command = svc.get("command") or []
+        text = command if isinstance(command, str) else "\n".join(map(str, command))
+        for path in re.findall(r"/app/[\w./*-]+", text):
+            mount = next((m for m in mounts if path.startswith(m + "/")), None)
+            if mount is None:
+                continue  # state, data, outputs: not credentials
+            folder = root / mounts[mount].removeprefix("credentials-")
+            rel = path.removeprefix(mount + "/")
+            assert list(folder.glob(rel)), f"{name}: {path} is not in {folder}"
+            checked += 1
+    assert checked >= 12  # superlink 4, superexec-serverapp 2, per node 3 + 1, register 2
+    # extra names: one compose variable, the same list `fedqhd deploy certs --san` takes
+    command = services["certs"]["command"]
+    assert command[command.index("--san") + 1] == "${SUPERLINK_HOST:-localhost}"
+
+
+def test_certs_takes_comma_separated_names(tmp_path: Path) -> None:
+    from cryptography import x509
+
+    from fedqhd.cli import main
+
+    assert main(["deploy", "certs", "--out", str(tmp_path / "c"), "-n", "1",
+                 "--san", "fl.example.org,203.0.113.7", "--san", "other.example"]) == 0
+    cert = x509.load_pem_x509_certificate((tmp_path / "c/superlink/server.pem").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"fl.example.org", "other.example"} <= set(san.get_values_for_type(x509.DNSName))
+    assert "203.0.113.7" in {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+
+
+def test_multi_host_docs_name_the_files_certs_writes(tmp_path: Path) -> None:
+    """docs/deployment.md's paths under ``creds/`` are what ``fedqhd deploy certs --out
+    creds`` writes (``<i>``/``$i`` read as 1), and the data owner's SuperNode starts
+    in the background before its SuperExec."""
+    root = make_credentials(tmp_path / "creds", 3)
+    text = (ROOT / "docs" / "deployment.md").read_text()
+    section = text[text.index("## SuperNodes on other hosts"):text.index("## Without Docker")]
+    paths = set(re.findall(r"creds/[\w./<>$*-]*[\w>*]", section))
+    assert len(paths) >= 10
+    for path in paths:
+        concrete = path.replace("<i>", "1").replace("$i", "1").removeprefix("creds/")
+        assert list(root.glob(concrete)), f"docs name {path}, certs writes no such file"
+    node = section[section.index("flower-supernode --superlink"):]
+    assert node.index("&\n") < node.index("flower-superexec --runtime-api-address 127.0.0.1:9094")
+
+
+def test_private_files_are_created_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    """Keys and secrets get mode 0600 when created, not by a chmod afterwards (with
+    ``os.chmod`` disabled they are still private, also when overwriting a 0644 file)."""
+    from fedqhd.deploy.certs import make_secret
+
+    monkeypatch.setattr(os, "chmod", lambda *args, **kwargs: None)
+    old = os.umask(0o022)
+    try:
+        made = make_secret(tmp_path / "a.secret")
+        (tmp_path / "b.secret").write_text("public")
+        overwritten = make_secret(tmp_path / "b.secret")
+        key, pub = make_supernode_key(tmp_path / "node")
+    finally:
+        os.umask(old)
+    for path in (made, overwritten, key):
+        assert path.stat().st_mode & 0o777 == 0o600, path
+    assert pub.stat().st_mode & 0o777 == 0o644
+
+
+class _FakeDeployment:
+    """Stands in for LocalDeployment in ``fedqhd deploy local``: no processes."""
+
+    died: bool = False
+
+    def __init__(self, workdir: Path, *args: object, **kwargs: object) -> None:
+        self.workdir, self.address, self.logs = Path(workdir), "127.0.0.1:1", Path(workdir)
+
+    def __enter__(self) -> _FakeDeployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        print("stopped", flush=True)
+
+    def submit(self, run_config: dict[str, object]) -> dict[str, object]:
+        return run_config
+
+    def wait_run(self, run: dict[str, object], timeout_s: float, on_round) -> Path:  # noqa: ANN001
+        from fedqhd.deploy.launcher import Service, ServiceDied
+
+        for r in (1, 2):
+            on_round({"round": r, "return-mean": 9.0, "return-std": 1.0, "replies-ok": 2,
+                      "replies-failed": 0, "wall-time-s": 5.0 * r})
+        if self.died:
+            dead = Service("superexec-serverapp", [], self.workdir / "x.log",
+                           subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"]))
+            dead.proc.wait()  # type: ignore[union-attr]
+            raise ServiceDied(dead)
+        path = self.workdir / "results.json"
+        path.write_text(json.dumps({"rounds": [], "final": {"round": run["num-server-rounds"]}}))
+        return path
+
+
+def test_deploy_local_prints_rounds_and_reports_a_death(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """The command's wiring: a line per round between "up in" and the result; a process
+    that dies makes it exit 1, naming it, after the deployment was stopped."""
+    import fedqhd.deploy.launcher as launcher
+    from fedqhd.cli import main
+
+    monkeypatch.setattr(launcher, "LocalDeployment", _FakeDeployment)
+    argv = ["deploy", "local", "--rounds", "2", "--shards", str(tmp_path),
+            "--workdir", str(tmp_path)]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = [next(i for i, line in enumerate(lines) if line.startswith(prefix))
+              for prefix in ("up in", "round 1/2 | return 9.0", "round 2/2", "results:")]
+    assert starts == sorted(starts), lines
+    monkeypatch.setattr(_FakeDeployment, "died", True)
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out.index("stopped") >= 0
+    assert "error: superexec-serverapp" in captured.err and "exited with code 1" in captured.err

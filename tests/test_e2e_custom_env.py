@@ -63,3 +63,29 @@ def test_custom_env_under_flwr_run(tmp_path: Path, monkeypatch,
     assert "finished:failed" in status, status
     logs = _flwr(["log", str(run_id), "--show"], env, 60)
     assert "'env-id' = 'MyEnv-v9' is invalid" in logs.stdout + logs.stderr
+
+
+@pytest.mark.slow
+def test_custom_env_under_the_deployment_launcher(tmp_path: Path, monkeypatch) -> None:
+    """The same env under ``fedqhd deploy local``: SuperLink, SuperExecs and SuperNodes as
+    separate processes (TLS, node auth), shards generated with the env module imported."""
+    cmd = [sys.executable, "-m", "fedqhd.cli", "deploy", "local", "-n", "3", "--app",
+           str(EXAMPLE), "--env", "MyEnv-v0", "--env-module", "my_env", "--rounds", "3",
+           "--workdir", str(tmp_path / "deploy"), "--timeout", "400", "--run-config",
+           "partition='iid' epsilon-min=1.0 epsilon-max=1.0 hd-dim=500"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "round 3/3" in proc.stdout  # progress reached the user
+    path = next(line.split(": ", 1)[1] for line in proc.stdout.splitlines()
+                if line.startswith("results: "))
+    data = json.loads(Path(path).read_text())
+    assert [r["replies-ok"] for r in data["rounds"]] == [3, 3, 3]
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    import my_env  # noqa: F401
+
+    from fedqhd.envs import rollout_returns
+
+    rng = np.random.default_rng(0)
+    random = rollout_returns("MyEnv-v0", lambda o: int(rng.integers(2)), 10, seed=1).mean()
+    assert data["final"]["return-mean"] > random + 40, (data["final"], random)

@@ -31,7 +31,14 @@ def test_shared_encoder_federation_learns_and_writes_results(tmp_path):
     assert results["final"]["return-mean"] == final["return-mean"]
     random_return = rollout_returns("CartPole-v1", lambda o: np.random.randint(2), 20, 0).mean()
     assert final["best-return-mean"] > 3 * random_return
-    assert json.loads((out_dir / "run_config.json").read_text())["seed"] == 1
+    info = json.loads((out_dir / "run_config.json").read_text())
+    assert info["seed"] == 1
+    import flwr
+    import gymnasium
+
+    assert info["versions"]["flwr"] == flwr.__version__
+    assert info["versions"]["numpy"] == np.__version__
+    assert info["versions"]["gymnasium"] == gymnasium.__version__
     assert np.load(out_dir / "final_model.npz")["readout"].shape == (500, 2)
     assert (out_dir / "learning_curve.png").exists()
 

@@ -120,3 +120,17 @@ def test_online_auto_runs_the_papers_600_episodes_per_client():
     short = RunConfig.from_run_config({"protocol": "online", "online-episodes": 100})
     assert short.num_server_rounds == 5  # ceil(100 / 20)
     assert RunConfig().num_server_rounds == 20  # offline runs keep their own rounds
+
+
+@pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
+def test_round_train_return_is_the_papers_plain_mean_over_clients(encoder):
+    # the strategy weights clients by transitions (long episodes count more); the paper's
+    # metric averages the clients' last-100 returns with equal weight
+    from fedqhd.learners.fqi_online import LEARNER
+
+    cfg = RunConfig.from_run_config({**SMALL, "encoder": encoder})
+    plan = LEARNER.server_plan(cfg)
+    plan.strategy.last_client_metrics = {
+        7: {TRAIN_RETURN_LAST100: 10.0, C.NUM_TRANSITIONS: 1000},
+        8: {TRAIN_RETURN_LAST100: 30.0, C.NUM_TRANSITIONS: 10}}
+    assert plan.evaluate(plan.initial_arrays)[TRAIN_RETURN_LAST100] == 20.0

@@ -28,7 +28,9 @@ from fedqhd.strategies import contract as C
 
 SMALL = {"learner": "pool", "env-id": "fedqhd/Inventory-v0", "num-server-rounds": 1,
          "pool-trajectories": 300, "pool-eval-episodes": 300, "num-anchors": 300,
-         "anchor-source": "uniform", "min-nodes": 2}
+         "anchor-source": "uniform", "min-nodes": 2,
+         # deterministic tests: seeded numpy noise (the app's default is OpenDP, fresh noise)
+         "pool-noise": "numpy", "reproducible-noise": True}
 
 
 def _cfg(tmp_path: Path, **changes) -> RunConfig:
@@ -54,7 +56,7 @@ class _FixedRelease:
     """A 'noise source' whose output is a fixed release, whatever the input: the noise is
     chosen per client so that both clients publish exactly the same noisy counts."""
 
-    secure, label = False, "fixed (test)"
+    secure, reproducible, label = False, False, "fixed (test)"
 
     def __init__(self, target: dict[tuple[int, ...], np.ndarray]) -> None:
         self.target = target

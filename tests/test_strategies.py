@@ -3,17 +3,18 @@
 No gymnasium and no fedqhd.client here: a strategy only knows the message contract.
 """
 
+import logging
 import time
 
 import numpy as np
 import pytest
-from flwr.app import Error, Message, Metadata, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Error, Message, Metadata, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedqhd.encoders import HDEncoder
 from fedqhd.readout import ridge_project
 from fedqhd.server.inprocess import InProcessGrid
-from fedqhd.strategies import FedQHDAnchor, FedQHDAvg
+from fedqhd.strategies import FedQHDAnchor, FedQHDAvg, FedQHDExact
 from fedqhd.strategies import contract as C
 
 
@@ -209,10 +210,77 @@ def test_fedqhd_anchor_with_a_minimal_client_app():
     app = _linear_client_app([100, 200, 400])
     grid = InProcessGrid([app] * 3)
     anchors = np.random.default_rng(5).uniform(-1, 1, size=(300, 3))
-    strategy = FedQHDAnchor(anchors, n_actions=2, min_available_nodes=3, min_evaluate_nodes=3)
+    strategy = FedQHDAnchor(anchors, n_actions=2, min_available_nodes=3, min_evaluate_nodes=3,
+                            fraction_evaluate=1.0)
     result = strategy.start(grid, strategy.initial_arrays(), num_rounds=3)
     teacher = result.arrays[C.TEACHER].numpy()
     truth = anchors @ np.array([[1.0, -1.0], [0.5, 0.0], [0.0, 2.0]])
     assert np.sqrt(np.mean((teacher - truth) ** 2)) < 0.1
     assert result.evaluate_metrics_clientapp[3]["anchor-rmse"] < 0.1
     assert result.train_metrics_clientapp[3][C.PROJECTION_RESIDUAL] > 0
+
+
+# ------------------------------------------------------------ the contract, written down
+class _Grid:
+    """What a strategy asks a Grid for when it samples."""
+
+    def get_node_ids(self):
+        return [1, 2, 3]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: FedQHDAvg(), lambda: FedQHDAnchor(np.zeros((2, 3)), n_actions=2),
+    lambda: FedQHDExact(4, 2, gamma=0.9, ridge=1.0)], ids=["avg", "anchor", "exact"])
+def test_every_strategy_skips_evaluation_by_default_without_warning(make, caplog):
+    strategy = make()
+    assert "fraction_evaluate" not in caplog.text  # no Flower warning for the default
+    assert strategy.fraction_evaluate == 0.0 and strategy.min_evaluate_nodes == 0
+    assert strategy.configure_evaluate(1, C.to_array_record({}), ConfigRecord(), _Grid()) == []
+    # what a train-only ClientApp needs: no evaluate message, so no failing round
+
+
+def test_a_metric_one_client_omits_is_aggregated_over_the_others_and_reported(caplog):
+    replies = [_reply(1, {C.READOUT: np.zeros((2, 1))},
+                      {C.NUM_TRANSITIONS: 10, "loss": 1.0, C.PARTITION_ID: 4}),
+               _reply(2, {C.READOUT: np.zeros((2, 1))},
+                      {C.NUM_TRANSITIONS: 30, "loss": 3.0, C.PARTITION_ID: 5}),
+               _reply(3, {C.READOUT: np.zeros((2, 1))}, {C.NUM_TRANSITIONS: 60, C.PARTITION_ID: 6})]
+    _, metrics = FedQHDAvg(readout_shape=(2, 1)).aggregate_train(1, replies)
+    assert metrics["loss"] == pytest.approx((10 * 1.0 + 30 * 3.0) / 40)
+    assert metrics[C.METRICS_MISSING] == 1 and metrics[C.NUM_TRANSITIONS] == 100
+    assert "metric 'loss' missing from 1 of 3 replies (node 3 (partition-id 6))" in caplog.text
+
+
+def test_a_non_rl_evaluation_reply_with_num_examples_is_accepted():
+    replies = [_reply(1, metrics={C.NUM_EXAMPLES: 20, "accuracy": 0.5}),
+               _reply(2, metrics={C.NUM_EXAMPLES: 60, "accuracy": 0.9})]
+    strategy = FedQHDAvg(fraction_evaluate=1.0)
+    metrics = strategy.aggregate_evaluate(1, replies)
+    assert metrics["accuracy"] == pytest.approx((20 * 0.5 + 60 * 0.9) / 80)
+    assert metrics[f"evaluate-{C.NUM_EXAMPLES}"] == 80
+    assert metrics[f"evaluate-{C.REPLIES_OK}"] == 2
+
+
+def test_an_evaluation_round_with_every_reply_rejected_still_reports_its_counts():
+    strategy = FedQHDAnchor(np.zeros((2, 3)), n_actions=2, fraction_evaluate=1.0)
+    metrics = strategy.aggregate_evaluate(1, [_reply(1, metrics={"accuracy": 1.0}),
+                                              _reply(2, error="no evaluate handler")])
+    assert metrics is not None  # Flower's Result keeps the round
+    assert (metrics[f"evaluate-{C.REPLIES_OK}"], metrics[f"evaluate-{C.REPLIES_REJECTED}"],
+            metrics[f"evaluate-{C.REPLIES_FAILED}"]) == (0, 1, 1)
+
+
+def test_an_error_reply_is_logged_with_the_partition_its_node_sent_before(caplog):
+    caplog.set_level(logging.INFO, logger="flwr")  # another test may leave it at WARNING
+    s = FedQHDAvg(aggregate="latest", readout_shape=(2, 1))
+    s.aggregate_train(1, [_reply(1, {C.READOUT: np.ones((2, 1))},
+                                 {C.NUM_TRANSITIONS: 5, C.PARTITION_ID: 3}),
+                          _reply(2, {C.READOUT: np.ones((2, 1))},
+                                 {C.NUM_TRANSITIONS: 5, C.PARTITION_ID: 4})])
+    _, metrics = s.aggregate_train(2, [_reply(1, error="out of memory"),
+                                       _reply(2, {C.READOUT: np.ones((2, 1))},
+                                              {C.NUM_TRANSITIONS: 5, C.PARTITION_ID: 4})])
+    assert "node 1 (partition-id 3 earlier) replied with an error: out of memory" in caplog.text
+    assert "2 clients averaged (1 replied this round, 1 latest replies of earlier rounds)" \
+        in caplog.text
+    assert metrics[C.CLIENTS_AVERAGED] == 2

@@ -150,6 +150,7 @@ def shards_from_arrays(
     partition: str | Sequence[int] | np.ndarray = "iid",
     seed: int = 0,
     metadata: dict[str, Any] | None = None,
+    value_check: str = "refuse",
 ) -> list[Shard]:
     """Turn transition arrays into ``num_partitions`` validated shards of ``env_id``.
 
@@ -181,6 +182,9 @@ def shards_from_arrays(
     metadata : dict or None
         JSON-serialisable keys added to every shard's metadata (may not
         override the keys set here).
+    value_check : {"refuse", "warn", "off"}
+        Values far outside the env's bounds: refused, flagged (a warning and
+        :attr:`Shard.value_flags`) or not checked (:mod:`fedqhd.data.shard`).
 
     Returns
     -------
@@ -245,6 +249,6 @@ def shards_from_arrays(
         shard = Shard(**{k: v[rows] for k, v in arrays.items()}, episode_ids=episode,
                       metadata={**base, **(metadata or {}), "partition_id": i,
                                 "n_episodes": int(np.unique(episode).size)})
-        shard.validate(f"shard {i} of {env_id}", expected_env_id=env_id)
+        shard.validate(f"shard {i} of {env_id}", expected_env_id=env_id, value_check=value_check)
         shards.append(shard)
     return shards

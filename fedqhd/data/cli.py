@@ -28,7 +28,15 @@ import numpy as np
 from tqdm import tqdm
 
 from fedqhd.data.partition import PARTITIONS, generate_client_shard, shard_filename
-from fedqhd.data.shard import FORMAT_VERSION, Shard, ShardError, load_shard, save_shard
+from fedqhd.data.shard import (
+    FORMAT_VERSION,
+    VALUE_CHECKS,
+    Shard,
+    ShardError,
+    ShardLimits,
+    load_shard,
+    save_shard,
+)
 from fedqhd.envs import get_spec, is_registered, load_env_modules
 
 __all__ = ["MANIFEST_NAME", "register"]
@@ -41,6 +49,8 @@ MINARI_ROOT_HELP = ("Minari's dataset folder (default: $MINARI_DATASETS_PATH, el
                     "~/.minari/datasets)")
 ENV_MODULE_HELP = ("module(s) to import first, comma-separated; importing registers your "
                    "environments (as run-config key env-module)")
+VALUE_CHECK_HELP = ("values far outside the env's bounds: refuse (default), warn (flag and "
+                    "keep) or off (as run-config key value-check; docs/data.md)")
 
 
 def _would_overwrite(out: Path, targets: list[Path], force: bool) -> bool:
@@ -48,7 +58,8 @@ def _would_overwrite(out: Path, targets: list[Path], force: bool) -> bool:
     replace files (and ``force`` is off); says which on stderr."""
     existing = [str(p) for p in [*targets, out / MANIFEST_NAME] if p.exists()]
     if existing and not force:
-        print(f"error: would overwrite {', '.join(existing)} (use --force)", file=sys.stderr)
+        print(f"error: would overwrite {', '.join(existing)} (use --force, or another "
+              "--out folder)", file=sys.stderr)
         return True
     return False
 
@@ -75,6 +86,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ins.add_argument("path", type=Path, help="a shard .npz, or a folder of shard-<i>.npz")
     ins.add_argument("--env", default=None, help="require this environment")
     ins.add_argument("--env-module", default="", help=ENV_MODULE_HELP)
+    ins.add_argument("--value-check", default="refuse", choices=VALUE_CHECKS,
+                     help=VALUE_CHECK_HELP)
     ins.set_defaults(func=cmd_inspect)
 
     imp = sub.add_parser("import", help="shards from your own transitions (.npz of arrays "
@@ -95,6 +108,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="name of an array in the .npz giving each transition's client "
                      "(default: whole episodes dealt iid with --seed)")
     imp.add_argument("--seed", type=int, default=0)
+    imp.add_argument("--value-check", default="refuse", choices=VALUE_CHECKS,
+                     help=VALUE_CHECK_HELP)
     imp.add_argument("--out", required=True, type=Path, help="output folder")
     imp.add_argument("--force", action="store_true", help="overwrite existing shard files")
     imp.set_defaults(func=cmd_import)
@@ -222,11 +237,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return 1
     for file in files:
         try:
-            shard = load_shard(file, expected_env_id=args.env)
+            shard = load_shard(file, expected_env_id=args.env,
+                               limits=ShardLimits(value_check=args.value_check))
         except ShardError as exc:
             print(f"invalid: {exc}", file=sys.stderr)
             return 1
-        print(f"{file}: ok")
+        print(f"{file}: ok" + "".join(f"\n  flagged: {flag}" for flag in shard.value_flags))
         print(summarize(shard))
     return 0
 
@@ -292,10 +308,11 @@ def cmd_import(args: argparse.Namespace) -> int:
                                     episode_ids=arrays.get("episode_ids"), env_id=args.env,
                                     num_partitions=args.num_partitions,
                                     partition=partition, seed=args.seed,
-                                    metadata={"source": source})
+                                    metadata={"source": source},
+                                    value_check=args.value_check)
         entries: list[dict[str, Any]] = []
         for i, (shard, path) in enumerate(zip(shards, targets, strict=True)):
-            save_shard(shard, path)
+            save_shard(shard, path, value_check=args.value_check)
             entries.append({"file": path.name, "partition_id": i,
                             "n_transitions": shard.n_transitions,
                             "n_episodes": shard.n_episodes, "sha256": _sha256(path)})

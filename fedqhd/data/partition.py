@@ -30,7 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from fedqhd.data.collect import collect_shard
-from fedqhd.data.shard import FORMAT_VERSION, Shard, ShardError, load_shard, save_shard
+from fedqhd.data.shard import (
+    FORMAT_VERSION,
+    Shard,
+    ShardError,
+    ShardLimits,
+    load_shard,
+    save_shard,
+)
 from fedqhd.envs import get_spec, spec_fingerprint
 from fedqhd.seeding import dynamics_rng, shard_seed
 
@@ -198,6 +205,7 @@ def client_shard(
     cache_dir: str | os.PathLike[str] | None = None,
     epsilon_min: float = 0.8,
     epsilon_max: float = 1.0,
+    limits: ShardLimits | None = None,
 ) -> Shard:
     """The shard a client trains on: loaded from ``data_dir`` or generated and cached.
 
@@ -225,6 +233,8 @@ def client_shard(
         is regenerated with a warning.
     epsilon_min, epsilon_max : float
         Behaviour epsilon range (see :func:`partition_settings`).
+    limits : ShardLimits or None
+        Value check and size caps of a loaded file (default: refuse, default caps).
 
     Returns
     -------
@@ -245,7 +255,7 @@ def client_shard(
                 f"{path}: no shard for partition {partition_id} in data dir {data_dir} "
                 "(expected shard-<partition-id>.npz, as written by `fedqhd data generate`)"
             )
-        shard = load_shard(path, expected_env_id=env_id)
+        shard = load_shard(path, expected_env_id=env_id, limits=limits)
         recorded = shard.metadata.get("partition_id", partition_id)
         if recorded != partition_id:
             raise ShardError(
@@ -270,7 +280,7 @@ def client_shard(
     path = _cache_path(Path(cache_dir) if cache_dir else default_cache_dir(), settings)
     if path.is_file():
         try:
-            return load_shard(path, expected_env_id=env_id)
+            return load_shard(path, expected_env_id=env_id, limits=limits)
         except ShardError as exc:
             warnings.warn(f"regenerating invalid cached shard: {exc}", stacklevel=2)
     shard = generate_client_shard(

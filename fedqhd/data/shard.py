@@ -41,9 +41,20 @@ Observations (and next observations) must lie in the env's observation space
 where its bounds are finite: data of another environment labelled with this
 env's id is refused.
 
+Values far outside the env's bounds (:data:`VALUE_TOLERANCE`) are refused, or
+only flagged, as ``value_check`` (run-config ``value-check``, :data:`VALUE_CHECKS`)
+says: observations of a coordinate whose bound is known (the built-in tasks, or
+``obs_bound`` given to ``register_env``) beyond ``center +- bound`` by more than
+``VALUE_TOLERANCE`` times the width ``2 x bound``, and rewards beyond the env's
+``reward_range`` by more than ``VALUE_TOLERANCE`` times its width. Non-finite
+values are always refused.
+
 Loading (:func:`load_shard`) validates all of the above; any violation raises
 :class:`ShardError` naming the file and the problem. Nothing is dropped, cast
-or repaired.
+or repaired. Before any array is decompressed, the archive's declared sizes are
+checked (:class:`ShardLimits`): at most ``max_transitions`` rows per array, and a
+compressed archive may expand at most ``max_compression_ratio`` times its file
+size (a zip bomb is refused before it is expanded).
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,8 +75,13 @@ from fedqhd.envs import get_spec, space_bounds, spec_record
 __all__ = [
     "FORMAT_VERSION",
     "ARRAY_SCHEMA",
+    "MAX_COMPRESSION_RATIO",
+    "MAX_TRANSITIONS",
+    "VALUE_CHECKS",
+    "VALUE_TOLERANCE",
     "Shard",
     "ShardError",
+    "ShardLimits",
     "load_shard",
     "pooled",
     "save_shard",
@@ -85,6 +102,52 @@ ARRAY_SCHEMA: dict[str, tuple[int, np.dtype]] = {
 }
 
 _FLOAT_KEYS = ("observations", "rewards", "next_observations")
+
+#: what validation does with values far outside the env's bounds: refuse (default),
+#: warn (flag them: a warning, :attr:`Shard.value_flags`, the client's reply metrics), off
+VALUE_CHECKS: tuple[str, ...] = ("refuse", "warn", "off")
+#: "far outside": beyond the bound range by more than this multiple of its width
+VALUE_TOLERANCE = 10.0
+#: default cap of the rows of any array of a shard file
+MAX_TRANSITIONS = 10_000_000
+#: default cap of (declared uncompressed size) / (file size) of a shard file
+MAX_COMPRESSION_RATIO = 100.0
+#: archives declaring less than this (uncompressed) are never refused for their ratio
+RATIO_FLOOR_BYTES = 1 << 24
+
+
+@dataclass(frozen=True)
+class ShardLimits:
+    """How strictly :func:`load_shard` treats a file (run-config keys ``value-check``,
+    ``max-shard-transitions``, ``max-compression-ratio``).
+
+    Attributes
+    ----------
+    value_check : {"refuse", "warn", "off"}
+        Values far outside the env's bounds (:data:`VALUE_TOLERANCE`) are refused,
+        flagged (loaded, with a warning and :attr:`Shard.value_flags`) or not checked.
+    max_transitions : int
+        Most rows any array may declare (checked on the archive, before loading).
+    max_compression_ratio : float
+        Most the archive may expand: declared uncompressed bytes over file bytes
+        (archives declaring under 16 MiB are exempt).
+    """
+
+    value_check: str = "refuse"
+    max_transitions: int = MAX_TRANSITIONS
+    max_compression_ratio: float = MAX_COMPRESSION_RATIO
+
+    def __post_init__(self) -> None:
+        if self.value_check not in VALUE_CHECKS:
+            raise ValueError(f"value_check must be one of {', '.join(VALUE_CHECKS)}, "
+                             f"got {self.value_check!r}")
+        if isinstance(self.max_transitions, bool) or not (
+                isinstance(self.max_transitions, int) and self.max_transitions >= 1):
+            raise ValueError(f"max_transitions must be a positive integer, "
+                             f"got {self.max_transitions!r}")
+        if not self.max_compression_ratio >= 1.0:
+            raise ValueError(f"max_compression_ratio must be >= 1, "
+                             f"got {self.max_compression_ratio!r}")
 
 
 class ShardError(ValueError):
@@ -119,6 +182,8 @@ class Shard:
     truncated: np.ndarray
     episode_ids: np.ndarray
     metadata: dict[str, Any] = field(default_factory=dict)
+    #: values far outside the env's bounds, flagged (not refused) by ``value_check="warn"``
+    value_flags: list[str] = field(default_factory=list)
 
     @property
     def n_transitions(self) -> int:
@@ -145,7 +210,8 @@ class Shard:
         sums = np.bincount(inverse, weights=self.rewards.astype(np.float64))
         return sums[np.argsort(first)]
 
-    def validate(self, source: str = "<shard>", expected_env_id: str | None = None) -> None:
+    def validate(self, source: str = "<shard>", expected_env_id: str | None = None,
+                 value_check: str = "refuse") -> None:
         """Check this shard against the schema.
 
         Parameters
@@ -154,13 +220,17 @@ class Shard:
             Name used in error messages (the file path when loading).
         expected_env_id : str or None
             If given, the shard must be of this environment.
+        value_check : {"refuse", "warn", "off"}
+            What values far outside the env's bounds do (:data:`VALUE_CHECKS`); with
+            ``"warn"`` they are recorded in :attr:`value_flags`.
 
         Raises
         ------
         ShardError
             On the first violation found.
         """
-        _validate(self.arrays(), self.metadata, source, expected_env_id)
+        self.value_flags = _validate(self.arrays(), self.metadata, source, expected_env_id,
+                                     value_check)
 
 
 def _fail(source: str, problem: str) -> ShardError:
@@ -227,9 +297,56 @@ def _check_in_space(arrays: dict[str, np.ndarray], env_id: str, source: str) -> 
                                 f"another environment?")
 
 
+def _value_ranges(env_id: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The known bound range of each float field: (lo, hi) per coordinate."""
+    spec = get_spec(env_id)
+    ranges = {}
+    if spec.obs_bound_source == "given":
+        lo, hi = spec.center - spec.obs_bound, spec.center + spec.obs_bound
+        ranges["observations"] = ranges["next_observations"] = (lo, hi)
+    if spec.reward_range is not None:
+        ranges["rewards"] = (np.array([spec.reward_range[0]]), np.array([spec.reward_range[1]]))
+    return ranges
+
+
+def _check_values(arrays: dict[str, np.ndarray], env_id: str, source: str,
+                  value_check: str) -> list[str]:
+    """Values beyond a known bound range by more than :data:`VALUE_TOLERANCE` widths:
+    refused, or returned as flags (and warned about) with ``value_check="warn"``."""
+    if value_check not in VALUE_CHECKS:
+        raise ValueError(f"value_check must be one of {', '.join(VALUE_CHECKS)}, "
+                         f"got {value_check!r}")
+    if value_check == "off":
+        return []
+    flags = []
+    for key, (lo, hi) in _value_ranges(env_id).items():
+        values = arrays[key].reshape(len(arrays[key]), -1)
+        if values.shape[1] != lo.shape[0]:
+            continue
+        width = hi - lo
+        low, high = lo - VALUE_TOLERANCE * width, hi + VALUE_TOLERANCE * width
+        out = (values < low) | (values > high)
+        if not out.any():
+            continue
+        row, col = (int(i) for i in np.argwhere(out)[0])
+        where = f"row {row}" + (f", coordinate {col}" if key != "rewards" else "")
+        problem = (f"{key} far outside {env_id}'s bounds: {int(out.sum())} values (first: "
+                   f"{where}: {float(values[row, col]):.6g} not in [{low[col]:.6g}, "
+                   f"{high[col]:.6g}], the bound range [{lo[col]:.6g}, {hi[col]:.6g}] widened "
+                   f"by {VALUE_TOLERANCE:g} x its width)")
+        if value_check == "refuse":
+            raise _fail(source, f"{problem}; to load it anyway set run-config "
+                                f"value-check = \"warn\" (flag) or \"off\"")
+        warnings.warn(f"{source}: {problem} (value-check = \"warn\": kept)", stacklevel=3)
+        flags.append(problem)
+    return flags
+
+
 def _validate(
-    arrays: dict[str, np.ndarray], meta: Any, source: str, expected_env_id: str | None
-) -> None:
+    arrays: dict[str, np.ndarray], meta: Any, source: str, expected_env_id: str | None,
+    value_check: str = "refuse",
+) -> list[str]:
+    """Check arrays and metadata (raises :class:`ShardError`); returns the value flags."""
     n_actions = _validate_metadata(meta, source, expected_env_id)
     obs_dim = get_spec(meta["env_id"]).obs_dim
     missing = [k for k in ARRAY_SCHEMA if k not in arrays]
@@ -269,6 +386,7 @@ def _validate(
                 source, f"{key} has {int(bad.sum())} non-finite values (first in row {row})"
             )
     _check_in_space(arrays, meta["env_id"], source)
+    flags = _check_values(arrays, meta["env_id"], source, value_check)
     actions = arrays["actions"]
     out = (actions < 0) | (actions >= n_actions)
     if out.any():
@@ -286,9 +404,10 @@ def _validate(
             raise _fail(
                 source, f"metadata n_episodes={meta['n_episodes']} but episode_ids hold {found}"
             )
+    return flags
 
 
-def save_shard(shard: Shard, path: str | os.PathLike[str]) -> Path:
+def save_shard(shard: Shard, path: str | os.PathLike[str], value_check: str = "refuse") -> Path:
     """Validate a shard and write it to ``path`` atomically.
 
     The file appears complete or not at all (written to a temporary file in the
@@ -302,6 +421,8 @@ def save_shard(shard: Shard, path: str | os.PathLike[str]) -> Path:
     path : str or PathLike
         Destination, used verbatim (no ``.npz`` is appended); parent folders
         are created.
+    value_check : {"refuse", "warn", "off"}
+        As in :meth:`Shard.validate` (a flagged shard loads again only with the same).
 
     Returns
     -------
@@ -309,7 +430,7 @@ def save_shard(shard: Shard, path: str | os.PathLike[str]) -> Path:
         The written path.
     """
     path = Path(path)
-    shard.validate(str(path))
+    shard.validate(str(path), value_check=value_check)
     try:
         meta_json = json.dumps(shard.metadata, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -328,7 +449,8 @@ def save_shard(shard: Shard, path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def load_shard(path: str | os.PathLike[str], expected_env_id: str | None = None) -> Shard:
+def load_shard(path: str | os.PathLike[str], expected_env_id: str | None = None,
+               limits: ShardLimits | None = None) -> Shard:
     """Read and validate a shard file.
 
     Parameters
@@ -337,21 +459,29 @@ def load_shard(path: str | os.PathLike[str], expected_env_id: str | None = None)
         A ``.npz`` written by :func:`save_shard` (or by hand, to the schema).
     expected_env_id : str or None
         If given, a shard of another environment is an error.
+    limits : ShardLimits or None
+        Value check, row cap and compression-ratio cap (default :class:`ShardLimits()`:
+        refuse far-out values, at most :data:`MAX_TRANSITIONS` rows, at most
+        :data:`MAX_COMPRESSION_RATIO` expansion).
 
     Returns
     -------
     Shard
+        With :attr:`Shard.value_flags` set under ``value_check="warn"``.
 
     Raises
     ------
     ShardError
-        If the file is missing or unreadable, the metadata is not a JSON object
-        of the schema, or any array is missing, unexpected, of the wrong shape,
-        dtype or length, non-finite, or out of range. The message starts with
-        the path.
+        If the file is missing or unreadable, declares more rows or more expansion
+        than ``limits`` allow (checked before anything is decompressed), the metadata
+        is not a JSON object of the schema, or any array is missing, unexpected, of
+        the wrong shape, dtype or length, non-finite, out of range, or far outside
+        the env's bounds. The message starts with the path.
     """
     source = str(path)
+    limits = ShardLimits() if limits is None else limits
     try:
+        _check_archive(path, source, limits)
         npz = np.load(path, allow_pickle=False)
         if not isinstance(npz, np.lib.npyio.NpzFile):
             raise _fail(source, "not a .npz archive (a single .npy array?)")
@@ -374,8 +504,51 @@ def load_shard(path: str | os.PathLike[str], expected_env_id: str | None = None)
         meta = json.loads(str(raw), parse_constant=_reject_constant)
     except ValueError as exc:
         raise _fail(source, f"metadata is not valid JSON ({exc})") from None
-    _validate(contents, meta, source, expected_env_id)
-    return Shard(**contents, metadata=meta)
+    flags = _validate(contents, meta, source, expected_env_id, limits.value_check)
+    return Shard(**contents, metadata=meta, value_flags=flags)
+
+
+def _check_archive(path: str | os.PathLike[str], source: str, limits: ShardLimits) -> None:
+    """Refuse, from the zip directory and the ``.npy`` headers alone, an archive with
+    unexpected members, more rows than ``limits.max_transitions`` or an expansion
+    above ``limits.max_compression_ratio`` (a non-zip file is left to ``np.load``).
+
+    The declared sizes bind: :mod:`zipfile` never inflates a member beyond its
+    declared size (more data fails its CRC check)."""
+    if not zipfile.is_zipfile(path):
+        return
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+        keys = [info.filename.removesuffix(".npy") for info in infos]
+        unexpected = sorted(set(keys) - set(ARRAY_SCHEMA) - {"metadata"})
+        if unexpected:
+            raise _fail(source, f"unexpected arrays: {', '.join(unexpected)}")
+        declared = sum(info.file_size for info in infos)
+        on_disk = max(os.path.getsize(path), 1)
+        if declared > RATIO_FLOOR_BYTES and declared > limits.max_compression_ratio * on_disk:
+            raise _fail(source, f"the archive would expand {declared / on_disk:.0f}-fold "
+                                f"({declared} bytes from a {on_disk}-byte file), more than "
+                                f"max-compression-ratio = {limits.max_compression_ratio:g}; "
+                                "refused before decompressing (a zip bomb?)")
+        for info, key in zip(infos, keys, strict=True):
+            with archive.open(info) as member:
+                rows = _declared_rows(member)
+            if rows is not None and rows > limits.max_transitions:
+                raise _fail(source, f"{key} declares {rows} rows, more than "
+                                    f"max-shard-transitions = {limits.max_transitions}; "
+                                    "split the data into more shards or raise the cap")
+
+
+def _declared_rows(member: Any) -> int | None:
+    """The first dimension a ``.npy`` header declares (``None``: no header, or 0-d)."""
+    try:
+        version = np.lib.format.read_magic(member)
+        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                else np.lib.format.read_array_header_2_0)
+        shape = read(member, max_header_size=10_000)[0]
+    except Exception:  # noqa: BLE001 - a bad header is np.load's to report
+        return None
+    return int(shape[0]) if shape else None
 
 
 def _reject_constant(name: str) -> float:
@@ -412,7 +585,7 @@ def pooled(shards: list[Shard]) -> Shard:
         rank[np.argsort(first)] = np.arange(first.size)  # number episodes by appearance
         episode_ids.append(rank[inverse].astype(np.int64) + offset)
         offset += first.size
-    arrays = {
+    arrays: dict[str, Any] = {  # Any: ** must not look like it could fill value_flags
         key: np.concatenate([getattr(s, key) for s in shards])
         for key in ARRAY_SCHEMA
         if key != "episode_ids"

@@ -40,9 +40,14 @@ _PEM = serialization.Encoding.PEM
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> Path:
+    """Write ``data`` with its final mode from the start: a private file is never
+    readable by others, not even between creating it and a later chmod."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    os.chmod(path, 0o600 if private else 0o644)
+    mode = 0o600 if private else 0o644
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), mode)  # an existing file keeps its mode on open: set it
+        f.write(data)
     return path
 
 

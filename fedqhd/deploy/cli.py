@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     certs.add_argument("--out", required=True, type=Path)
     certs.add_argument("-n", "--num-supernodes", type=int, default=3)
     certs.add_argument("--san", action="append", default=[],
-                       help="extra host name or IP of the SuperLink (repeatable)")
+                       help="extra host names or IPs of the SuperLink, comma-separated "
+                            "(repeatable; compose: SUPERLINK_HOST takes the same list)")
     certs.add_argument("--days", type=int, default=365)
     certs.add_argument("--owner", type=int, default=None,
                        help="chown everything to this uid/gid (compose: Flower's app user)")
@@ -53,7 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="credentials, logs, state, results (default: a temp folder)")
     local.add_argument("--shards", type=Path, default=None,
                        help="folder of shard-<i>.npz (default: generated into the workdir)")
-    local.add_argument("--env", default="CartPole-v1", help="environment of generated shards")
+    local.add_argument("--env", default=None,
+                       help="environment of generated shards and of the run (default: the "
+                       "run config's env-id, else CartPole-v1)")
+    local.add_argument("--env-module", default="",
+                       help="module(s) registering your environments, importable from the app "
+                       "folder: imported to generate shards, and the run's env-module")
     local.add_argument("--episodes", type=int, default=5, help="episodes per generated shard")
     local.add_argument("--rounds", type=int, default=None, help="num-server-rounds")
     local.add_argument("--run-config", default="",
@@ -68,7 +74,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_certs(args: argparse.Namespace) -> int:
     from fedqhd.deploy.certs import make_credentials
 
-    make_credentials(args.out, args.num_supernodes, args.san, args.days, args.owner)
+    sans = split_sans(args.san)
+    made = not (args.out / "superlink" / "server.pem").is_file()
+    make_credentials(args.out, args.num_supernodes, sans, args.days, args.owner)
+    if not made and sans:
+        print(f"note: {args.out}/superlink/server.pem existed and was kept: --san applies "
+              "to a new certificate only (delete the folder superlink/ to remake it)",
+              file=sys.stderr)
     if args.owner is not None:
         for folder in args.chown:
             for path in [folder, *folder.rglob("*")]:
@@ -76,6 +88,12 @@ def cmd_certs(args: argparse.Namespace) -> int:
     print(f"credentials for a SuperLink and {args.num_supernodes} SuperNodes in {args.out} "
           "(existing files kept)")
     return 0
+
+
+def split_sans(values: list[str]) -> list[str]:
+    """``--san a,b --san c`` -> ``[a, b, c]`` (one environment variable can carry them all
+    in compose)."""
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
@@ -102,13 +120,30 @@ def _parse_run_config(text: str) -> dict[str, object]:
     return out
 
 
-def generate_shards(out: Path, num_partitions: int, env: str, episodes: int) -> Path:
-    """``fedqhd data generate`` into ``out`` (the compose ``data`` service's command)."""
+def generate_shards(out: Path, num_partitions: int, env: str, episodes: int,
+                    env_module: str = "", epsilon: tuple[float, float] = (0.8, 1.0),
+                    cwd: Path | None = None) -> Path:
+    """``fedqhd data generate`` into ``out`` (the compose ``data`` service's command), run in
+    ``cwd`` (the app folder, where ``env_module`` is importable)."""
+    out = out.resolve()
     if not (out / "shard-0.npz").exists():
         subprocess.run([sys.executable, "-m", "fedqhd.cli", "data", "generate", "--env", env,
+                        "--env-module", env_module, "--epsilon-min", str(epsilon[0]),
+                        "--epsilon-max", str(epsilon[1]),
                         "--num-partitions", str(num_partitions), "--episodes", str(episodes),
-                        "--seed", "0", "--out", str(out)], check=True)
+                        "--seed", "0", "--out", str(out)], check=True, cwd=cwd)
     return out
+
+
+def format_round(row: dict[str, object], total: object = "?") -> str:
+    """One progress line per round of a deployment run (from ``results.json``)."""
+    parts = [f"round {row.get('round')}/{total}"]
+    if isinstance(row.get("return-mean"), int | float):
+        parts.append(f"return {row['return-mean']:.1f} +- {row.get('return-std', 0.0):.1f}")
+    parts.append(f"replies ok {row.get('replies-ok', '?')} failed {row.get('replies-failed', '?')}")
+    if isinstance(row.get("wall-time-s"), int | float):
+        parts.append(f"{row['wall-time-s']:.1f}s")
+    return " | ".join(parts)
 
 
 def cmd_local(args: argparse.Namespace) -> int:
@@ -124,11 +159,19 @@ def cmd_local(args: argparse.Namespace) -> int:
     run_config = _parse_run_config(args.run_config)
     if args.rounds is not None:
         run_config["num-server-rounds"] = args.rounds
+    if args.env_module:
+        run_config.setdefault("env-module", args.env_module)
+    env_id = str(args.env or run_config.get("env-id", "CartPole-v1"))
+    if args.shards is None:  # generated shards: the run is of their env
+        run_config["env-id"] = env_id
+    epsilon = (float(run_config.get("epsilon-min", 0.8)),  # type: ignore[arg-type]
+               float(run_config.get("epsilon-max", 1.0)))  # type: ignore[arg-type]
     started = time.monotonic()
     with interrupts_as_exceptions():
         try:
-            shards = args.shards or generate_shards(workdir / "shards", args.num_supernodes,
-                                                    args.env, args.episodes)
+            shards = args.shards or generate_shards(
+                workdir / "shards", args.num_supernodes, env_id, args.episodes,
+                args.env_module, epsilon, cwd=args.app)
             with LocalDeployment(workdir, args.num_supernodes, shards_dir=shards,
                                  app_dir=args.app) as dep:
                 print(f"up in {time.monotonic() - started:.1f}s: SuperLink {dep.address} "
@@ -138,11 +181,18 @@ def cmd_local(args: argparse.Namespace) -> int:
                     print("connect with:\n"
                           f"  FLWR_HOME={dep.flwr_home} "
                           f"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 "
-                          f"flwr run {dep.app_dir} {CONNECTION} --stream\n"
+                          f"{Path(sys.executable).parent / 'flwr'} run {dep.app_dir} "
+                          f"{CONNECTION} --stream\n"
+                          f"results of such runs: {dep.workdir / 'serverapp' / 'outputs'} "
+                          "(output-dir is relative to the ServerApp's folder)\n"
                           "Ctrl-C stops every process.", flush=True)
-                    while True:
-                        time.sleep(3600)
-                results = dep.run(run_config, timeout_s=args.timeout)
+                    while True:  # a process that dies ends the deployment, loudly
+                        dep.check_alive()
+                        time.sleep(2)
+                total = run_config.get("num-server-rounds", "?")
+                results = dep.wait_run(
+                    dep.submit(run_config), timeout_s=args.timeout,
+                    on_round=lambda row: print(format_round(row, total), flush=True))
                 final = json.loads(results.read_text())["final"]
                 print(f"results: {results}\nfinal: {json.dumps(final)}\n"
                       f"total {time.monotonic() - started:.1f}s", flush=True)

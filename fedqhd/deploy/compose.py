@@ -28,8 +28,9 @@ _HEADER = """\
 #
 # The one-shot services:
 #   certs     makes the CA, the SuperLink certificate (SAN: superlink, localhost,
-#             127.0.0.1, and $SUPERLINK_HOST), SuperNode keys and SuperExec secrets,
-#             each into the volume of the one service that needs it (kept on rerun)
+#             127.0.0.1, and $SUPERLINK_HOST: names/IPs, comma-separated), SuperNode
+#             keys and SuperExec secrets, each into the volume of the one service
+#             that needs it (kept on rerun). Other hosts' SuperNodes: docs/deployment.md
 #   data      `fedqhd data generate` for all partitions; copies shard-<i> into the
 #             volume of SuperNode i+1 only (nobody else mounts it)
 #   register  `flwr supernode register` for every SuperNode public key

@@ -6,6 +6,12 @@ and N SuperNodes, each with its own SuperExec (``--isolation process``) and its 
 shard folder. Every process runs in its own process group and is stopped by that
 group's id, also on failure and on Ctrl-C: nothing is ever killed by name, and
 nothing outlives :meth:`LocalDeployment.stop`.
+
+Every process is watched: when one that should be running exits, the deployment
+raises :class:`ServiceDied` naming it, with its exit code and the end of its log
+(the caller's ``with`` block then stops the rest), instead of waiting for a run that
+can no longer finish. Children find Flower's executables next to the running
+interpreter, so a virtual environment works without being activated.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -41,6 +47,28 @@ BASE_ENV = {
 
 class DeploymentError(RuntimeError):
     """A service did not come up, a command failed, or a run did not finish."""
+
+
+class ServiceDied(DeploymentError):
+    """A process of the deployment exited while it should have been running."""
+
+    def __init__(self, service: Service) -> None:
+        code = None if service.proc is None else service.proc.returncode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 \
+            else f"exited with code {code}"
+        super().__init__(f"{service.name} (pid {service.pgid}) {how}; stopping the other "
+                         f"processes. The end of {service.log_path}:\n{service.log_tail()}")
+        self.service = service
+
+
+def child_path(path: str | None = None) -> str:
+    """``PATH`` for child processes: this interpreter's ``bin/`` first, so that
+    ``flower-superexec`` finds ``flwr-serverapp``/``flwr-clientapp`` (and ``flwr run``
+    its helpers) in an environment that was never activated."""
+    here = str(Path(sys.executable).parent)
+    rest = [p for p in (path if path is not None else os.defpath).split(os.pathsep)
+            if p and p != here]
+    return os.pathsep.join([here, *rest])
 
 
 def free_port() -> int:
@@ -81,6 +109,9 @@ class Service:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     log_file: IO[bytes] | None = field(default=None, repr=False)
+    #: whether its exit is a failure of the deployment (False: one-shot commands,
+    #: processes expected to be refused, ones stopped on purpose)
+    watched: bool = True
 
     @property
     def pgid(self) -> int | None:
@@ -215,15 +246,19 @@ class LocalDeployment:
     # ---- processes --------------------------------------------------------
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of every child: ours without ``FLWR_*``, Flower's settings,
+        the private ``FLWR_HOME``, and this interpreter's ``bin/`` first on ``PATH``."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLWR_")}
         env.update(BASE_ENV)
         env["FLWR_HOME"] = str(self.flwr_home)
         env.update(extra or {})
+        env["PATH"] = child_path(env.get("PATH"))
         return env
 
     def spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None,
-              cwd: Path | None = None) -> Service:
-        """Start ``argv`` in a new session (own process group), logging to ``logs/``."""
+              cwd: Path | None = None, watch: bool = True) -> Service:
+        """Start ``argv`` in a new session (own process group), logging to ``logs/``;
+        ``watch``: its exit fails the deployment (see :meth:`check_alive`)."""
         if name in self.services and self.services[name].alive():
             raise DeploymentError(f"{name} is already running")
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -235,11 +270,19 @@ class LocalDeployment:
                                 stderr=subprocess.STDOUT, env=self.env(env),
                                 cwd=str(cwd or self.workdir), start_new_session=True)
         (self.logs / f"{name}.pgid").write_text(str(proc.pid))  # for operators and tests
-        service = Service(name, argv, log_path, proc, log_file)
+        service = Service(name, argv, log_path, proc, log_file, watched=watch)
         self.services[name] = service
         return service
 
+    def check_alive(self) -> None:
+        """Raise :class:`ServiceDied` for the first watched process that has exited."""
+        for service in self.services.values():
+            if service.watched and service.proc is not None and \
+                    service.proc.poll() is not None:
+                raise ServiceDied(service)
+
     def _stop_service(self, service: Service, sig: signal.Signals | None = None) -> None:
+        service.watched = False  # stopped on purpose
         if service.proc is not None:
             if sig is not None:
                 with contextlib.suppress(ProcessLookupError):
@@ -322,6 +365,13 @@ class LocalDeployment:
         (self.workdir / "serverapp").mkdir(parents=True, exist_ok=True)
         if self.shards_dir is None:
             return
+        made_for = shard_partitions(self.shards_dir)
+        if made_for is not None and made_for != self.num_supernodes:
+            raise DeploymentError(
+                f"{self.shards_dir} holds shards for {made_for} partitions, but the "
+                f"deployment has {self.num_supernodes} SuperNodes: a client's data depend on "
+                f"num-partitions, so use -n {made_for}, or regenerate with `fedqhd data "
+                f"generate --num-partitions {self.num_supernodes} --out <another folder>`")
         for i in self.node_ids:
             name = f"shard-{i - 1}.npz"
             src = self.shards_dir / name
@@ -402,22 +452,12 @@ class LocalDeployment:
         """Wait until at least ``count`` SuperNodes are online at the SuperLink."""
         deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
         while time.monotonic() < deadline:
-            for name, service in self.services.items():
-                if name.startswith("super") and not service.alive() and \
-                        service.proc is not None and service.proc.returncode is not None \
-                        and name not in self._expected_dead():
-                    raise DeploymentError(f"{name} exited ({service.proc.returncode}):\n"
-                                          f"{service.log_tail()}")
+            self.check_alive()
             if len(self.online_nodes()) >= count:
                 return
             time.sleep(0.5)
         raise DeploymentError(f"fewer than {count} SuperNodes online after the timeout: "
                               f"{self.list_nodes()}")
-
-    def _expected_dead(self) -> set[str]:
-        return {name for name, s in self.services.items()
-                if s.proc is not None and s.proc.returncode is not None
-                and s.proc.returncode < 0}  # killed on purpose (by a signal)
 
     # ---- runs -------------------------------------------------------------
 
@@ -430,17 +470,42 @@ class LocalDeployment:
     def submit(self, run_config: Mapping[str, Any] | None = None) -> Service:
         """Start ``flwr run --stream`` in the background (see :meth:`wait_run`)."""
         self._run_started = time.time()
-        return self.spawn("flwr-run", self.run_command(run_config), cwd=self.app_dir)
+        return self.spawn("flwr-run", self.run_command(run_config), cwd=self.app_dir,
+                          watch=False)
 
-    def wait_run(self, service: Service, timeout_s: float = 600.0) -> Path:
-        """Wait for ``flwr run`` to end; returns the new ``results.json``."""
+    def wait_run(self, service: Service, timeout_s: float = 600.0,
+                 on_round: Callable[[dict[str, Any]], None] | None = None,
+                 poll_s: float = 1.0) -> Path:
+        """Wait for ``flwr run`` to end; returns the new ``results.json``.
+
+        Every ``poll_s`` it checks that all watched processes still run (else
+        :class:`ServiceDied`) and calls ``on_round`` with each round row that
+        ``results.json`` gained since the last look."""
         assert service.proc is not None
-        try:
-            service.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            self._stop_service(service)
-            raise DeploymentError(f"flwr run did not finish in {timeout_s}s:\n"
-                                  f"{service.log_tail()}") from exc
+        report: Callable[[dict[str, Any]], None] = on_round or (lambda row: None)
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        while True:
+            try:
+                service.proc.wait(timeout=poll_s)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            rows = self.current_rounds()
+            for row in rows[seen:]:
+                report(row)
+            seen = max(seen, len(rows))
+            try:
+                self.check_alive()
+            except ServiceDied:
+                self._stop_service(service)
+                raise
+            if time.monotonic() > deadline:
+                self._stop_service(service)
+                raise DeploymentError(f"flwr run did not finish in {timeout_s}s:\n"
+                                      f"{service.log_tail()}")
+        for row in self.current_rounds()[seen:]:
+            report(row)
         if service.proc.returncode != 0:
             raise DeploymentError(f"flwr run failed ({service.proc.returncode}):\n"
                                   f"{service.log_tail()}")
@@ -455,12 +520,33 @@ class LocalDeployment:
         """``flwr run`` against this deployment; returns its ``results.json``."""
         return self.wait_run(self.submit(run_config), timeout_s)
 
+    def current_rounds(self) -> list[dict[str, Any]]:
+        """The round rows of the current run's ``results.json`` so far (none yet: [])."""
+        path = self.latest_results()
+        if path is None:
+            return []
+        try:
+            return list(json.loads(path.read_text()).get("rounds", []))
+        except (OSError, ValueError):  # replaced while we read it: next time
+            return []
+
     def latest_results(self) -> Path | None:
         """The newest ``results.json`` written since the last :meth:`submit`."""
         since = self._run_started - 1.0
         found = [p for p in self.output_dir.glob("*/*/results.json")
                  if p.stat().st_mtime >= since]
         return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def shard_partitions(folder: Path) -> int | None:
+    """How many partitions the shards in ``folder`` were made for: ``manifest.json``'s
+    ``num_partitions`` (``fedqhd data generate``/``import``), else the number of
+    ``shard-<i>.npz`` files; None for a folder without either."""
+    manifest = folder / "manifest.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        return int(json.loads(manifest.read_text())["settings"]["num_partitions"])
+    count = len(list(folder.glob("shard-*.npz")))
+    return count or None
 
 
 def _toml_value(value: Any) -> str:

@@ -75,6 +75,7 @@ _SPECS: dict[str, EnvSpec] = {
             n_actions=2,
             obs_bound=_bound(2.4, 3.0, 0.5, 3.5),
             max_episode_steps=500,
+            reward_range=(0.0, 1.0),
             # ``length`` is gymnasium's half pole length
             dynamics_ranges={
                 "length": (0.25, 1.0),
@@ -90,6 +91,7 @@ _SPECS: dict[str, EnvSpec] = {
             n_actions=3,
             obs_bound=_bound(1.0, 1.0, 1.0, 1.0, 4 * math.pi, 9 * math.pi),
             max_episode_steps=500,
+            reward_range=(-1.0, 0.0),
             dynamics_ranges={
                 "link_mass_1": (0.8, 1.2),
                 "link_mass_2": (0.8, 1.2),
@@ -109,6 +111,7 @@ _SPECS: dict[str, EnvSpec] = {
             n_actions=3,
             obs_bound=_bound(1.2, 0.07),
             max_episode_steps=200,
+            reward_range=(-1.0, 0.0),
             dynamics_ranges={"force": (0.0008, 0.0013), "gravity": (0.0020, 0.0030)},
             dynamics_defaults={"force": 0.001, "gravity": 0.0025},
         ),
@@ -118,6 +121,8 @@ _SPECS: dict[str, EnvSpec] = {
             n_actions=4,
             obs_bound=_bound(1.0, 1.6, 2.0, 2.0, 1.5, 2.0, 1.0, 1.0),
             max_episode_steps=1000,
+            # crash -100, landing +100; shaping and leg contact: within +-110 measured
+            reward_range=(-150.0, 150.0),
             # wind_power > 0 turns gymnasium's wind (and turbulence) on
             dynamics_ranges={"gravity": (-11.0, -8.0), "wind_power": (0.0, 10.0)},
             dynamics_defaults={"gravity": -10.0, "wind_power": 0.0},

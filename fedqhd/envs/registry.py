@@ -25,6 +25,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,14 @@ class EnvSpec:
     obs_center : np.ndarray or None
         Centre of the typical observations (``None``: zero); uniform anchors
         are drawn in ``obs_center +- obs_bound``.
+    reward_range : (float, float) or None
+        Where one step's reward lies (``None``: not known); shard validation
+        refuses rewards far outside it (:mod:`fedqhd.data.shard`, ``value-check``).
+    obs_bound_source : str
+        Where ``obs_bound`` came from: ``"given"`` (the built-in tasks, or an
+        array given to :func:`register_env`), ``"space"`` (the observation Box) or
+        ``"data"`` (inferred from random rollouts). Shard validation refuses
+        observations far outside given bounds only.
     """
 
     env_id: str
@@ -103,6 +112,8 @@ class EnvSpec:
     dynamics_defaults: dict[str, float] = field(default_factory=dict)
     obs_shape: tuple[int, ...] | None = None
     obs_center: np.ndarray | None = None
+    reward_range: tuple[float, float] | None = None
+    obs_bound_source: str = "given"
 
     @property
     def observation_shape(self) -> tuple[int, ...]:
@@ -140,6 +151,7 @@ class EnvEntry:
     description: str = ""
     spec: EnvSpec | None = None  #: resolved on first :func:`get_spec`
     space: tuple[np.ndarray, np.ndarray] | None = None  #: flattened Box bounds, resolved lazily
+    reward_range: tuple[float, float] | None = None
 
 
 _REGISTRY: dict[str, EnvEntry] = {}
@@ -218,6 +230,7 @@ def register_env(
     dynamics_defaults: dict[str, float] | None = None,
     apply_dynamics: Callable[[gym.Env, dict[str, float]], None] | None = None,
     overwrite: bool = False,
+    reward_range: tuple[float, float] | None = None,
 ) -> None:
     """Add an environment to the registry.
 
@@ -253,6 +266,9 @@ def register_env(
         and ``apply_dynamics(env, params)`` that sets them on a new env.
     overwrite : bool
         Replace an existing entry (otherwise registering a known id is an error).
+    reward_range : (lo, hi) or None
+        Where one step's reward lies; shards with rewards far outside it are
+        refused (``value-check``). ``None``: only non-finite rewards are refused.
 
     Raises
     ------
@@ -296,11 +312,24 @@ def register_env(
                          f"parameters, got {sorted(ranges)} and {sorted(defaults)}")
     if ranges and apply_dynamics is None:
         raise ValueError(f"{env_id}: dynamics_ranges need apply_dynamics(env, params)")
+    rewards = None if reward_range is None else _reward_range(env_id, reward_range)
     _REGISTRY[env_id] = EnvEntry(
         env_id=env_id, factory=factory, obs_bound=bound, heuristic=heuristic,
         flatten=bool(flatten), n_actions=None if n_actions is None else int(n_actions),
         max_episode_steps=None if max_episode_steps is None else int(max_episode_steps),
-        dynamics_ranges=ranges, dynamics_defaults=defaults, apply_dynamics=apply_dynamics)
+        dynamics_ranges=ranges, dynamics_defaults=defaults, apply_dynamics=apply_dynamics,
+        reward_range=rewards)
+
+
+def _reward_range(env_id: str, value: Any) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        lo = hi = math.nan
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+        raise ValueError(f"{env_id}: reward_range must be (lo, hi), finite, lo <= hi; "
+                         f"got {value!r}")
+    return lo, hi
 
 
 def _register_builtin(spec: EnvSpec, heuristic: Policy,
@@ -313,7 +342,7 @@ def _register_builtin(spec: EnvSpec, heuristic: Policy,
         flatten=False, n_actions=spec.n_actions, max_episode_steps=spec.max_episode_steps,
         dynamics_ranges=dict(spec.dynamics_ranges),
         dynamics_defaults=dict(spec.dynamics_defaults), apply_dynamics=apply_dynamics,
-        make_kwargs=make_kwargs, spec=spec)
+        make_kwargs=make_kwargs, spec=spec, reward_range=spec.reward_range)
 
 
 def _register_task(env_id: str, kind: str, description: str) -> None:
@@ -463,7 +492,9 @@ def _resolve(entry: EnvEntry) -> EnvSpec:
                    dynamics_ranges=dict(entry.dynamics_ranges),
                    dynamics_defaults=dict(entry.dynamics_defaults),
                    obs_shape=obs_shape if obs_shape != (obs_dim,) else None,
-                   obs_center=None if center is None or not np.any(center) else _frozen(center))
+                   obs_center=None if center is None or not np.any(center) else _frozen(center),
+                   reward_range=entry.reward_range,
+                   obs_bound_source="given" if isinstance(how, np.ndarray) else str(how))
 
 
 def _random_observations(env: gym.Env, n_episodes: int, seed: int) -> np.ndarray:

@@ -17,18 +17,21 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.common.logger import log
 
 from fedqhd.anchors import make_anchors
 from fedqhd.config import RunConfig
-from fedqhd.data import Shard, client_shard
+from fedqhd.data import Shard, ShardLimits, client_shard
 from fedqhd.encoders import HDEncoder, heterogeneous_encoder_params, shared_encoder_params
 from fedqhd.envs import ENV_IDS, batch_rollout_returns, get_spec, has_heuristic
 from fedqhd.learners.base import Arrays, Metrics, ServerPlan, env_problem, partition
 from fedqhd.learners.cache import BoundedCache
+from fedqhd.memory import GIB, FitMemoryError, available_memory, fit_memory, format_bytes
 from fedqhd.readout import RidgeFQI, RidgeSystem, StreamingRidgeFQI, chunked_grams
 from fedqhd.seeding import SERVER, anchor_seed, evaluation_seed
 from fedqhd.strategies import FedQHDAnchor, FedQHDAvg, FedQHDExact
@@ -61,11 +64,21 @@ class FQILearner:
         Fit from chunked sufficient statistics (:class:`~fedqhd.readout.StreamingRidgeFQI`,
         memory O(|A| D^2 + chunk x D)) instead of in-memory features (O(n x D)). ``None``
         (default): stream when the two feature matrices (``2 n D`` float64) would exceed
-        ``feature_budget`` bytes. Both give the same readouts (to rounding).
+        ``feature_budget`` bytes, or the in-memory fit would exceed ``memory_cap``. Both
+        give the same readouts (to rounding).
     feature_budget : int
         Bytes the in-memory features may take (default :data:`FEATURE_BUDGET`, 1 GiB).
     chunk_size : int
         Rows encoded at a time when streaming.
+    memory_cap : int or None
+        Bytes the fit may need (:func:`fedqhd.memory.fit_memory`); ``None`` (default): the
+        memory available now (:func:`fedqhd.memory.available_memory`).
+
+    Raises
+    ------
+    FitMemoryError
+        Before anything is encoded, when the chosen fit would need more than
+        ``memory_cap``; the message gives the estimate and what to change.
     """
 
     def __init__(self, shard: Shard, encoder: HDEncoder, n_actions: int, gamma: float = 0.99,
@@ -73,15 +86,20 @@ class FQILearner:
                  compile_ridge: float | None = None,
                  value_range: str | tuple[float, float] | None = "data",
                  streaming: bool | None = None, feature_budget: int | None = None,
-                 chunk_size: int = 4096) -> None:
+                 chunk_size: int = 4096, memory_cap: int | None = None) -> None:
         self.encoder = encoder
         self.n_actions = int(n_actions)
         self.compile_ridge = float(ridge if compile_ridge is None else compile_ridge)
         self.n_transitions = int(shard.n_transitions)
         self.shard = shard
         budget = FEATURE_BUDGET if feature_budget is None else int(feature_budget)
+        cap = available_memory() if memory_cap is None else int(memory_cap)
+        n, dim = self.n_transitions, encoder.n_components
         if streaming is None:
-            streaming = 2 * self.n_transitions * encoder.n_components * 8 > budget
+            streaming = (2 * n * dim * 8 > budget
+                         or (cap is not None and fit_memory(n, dim, n_actions, False) > cap))
+        _check_memory(n, dim, int(n_actions), streaming, chunk_size, shard.observations.shape[1],
+                      cap, memory_cap is not None)
         self.fqi: RidgeFQI | StreamingRidgeFQI
         if streaming:
             self.fqi = StreamingRidgeFQI(encoder.encode, encoder.n_components, n_actions,
@@ -194,6 +212,27 @@ class FQILearner:
         return greedy_policy(self.encoder, self.readout.copy())
 
 
+def _check_memory(n: int, dim: int, n_actions: int, streaming: bool, chunk_size: int,
+                  obs_dim: int, cap: int | None, cap_given: bool) -> None:
+    """Refuse a fit that would need more than ``cap`` bytes (``None``: unknown, allow)."""
+    need = fit_memory(n, dim, n_actions, streaming, chunk_size, obs_dim)
+    if cap is None or need <= cap:
+        return
+    limit = (f"the cap of {format_bytes(cap)} (memory-cap-gib)" if cap_given
+             else f"the {format_bytes(cap)} of memory available")
+    if streaming:
+        how = (f"the streaming fit keeps 2 x |A| x D^2 float64 (|A| = {n_actions}, D = {dim}) "
+               "whatever the shard's size: lower hd-dim")
+    else:
+        how = (f"the in-memory fit holds 3 x n x D float64 features (n = {n}, D = {dim}): use "
+               f"the streaming fit (streaming=None or True; it needs "
+               f"{format_bytes(fit_memory(n, dim, n_actions, True, chunk_size, obs_dim))}), lower "
+               "hd-dim, or split the shard")
+    raise FitMemoryError(f"the client's fit needs about {format_bytes(need)}, more than {limit}; "
+                         f"{how}; or raise run-config memory-cap-gib (0: the memory "
+                         "available)")
+
+
 def greedy_policy(encoder: HDEncoder, readout: np.ndarray) -> Callable[[np.ndarray], int]:
     """``s -> argmax_a phi(s) . w_a`` for one observation at a time."""
 
@@ -262,13 +301,18 @@ def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
     def build() -> tuple[FQILearner, Shard]:
         shard = client_shard(cfg.env_id, cfg.partition, pid, n_parts, cfg.episodes_per_client,
                              cfg.seed, data_dir=data_dir or None,
-                             epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max)
+                             epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max,
+                             limits=ShardLimits(cfg.value_check, cfg.max_shard_transitions,
+                                                cfg.max_compression_ratio))
         # exact: the client only computes statistics (its Gram is built once, chunked)
+        for flag in shard.value_flags:
+            log(WARNING, "client %d: shard value flagged (value-check = \"warn\"): %s", pid, flag)
         learner = FQILearner(shard, client_encoder(cfg, pid), get_spec(cfg.env_id).n_actions,
                              gamma=cfg.gamma, ridge=local_ridge(cfg.ridge, n_parts),
                              proximal=local_proximal(cfg, shard.n_transitions),
                              compile_ridge=cfg.ridge,
-                             streaming=True if cfg.resolved_strategy == "exact" else None)
+                             streaming=True if cfg.resolved_strategy == "exact" else None,
+                             memory_cap=int(cfg.memory_cap_gib * GIB) or None)
         return learner, shard
 
     if _NODE_LEARNERS.budget != cfg.learner_cache_mib << 20:
@@ -361,8 +405,10 @@ class FQI:
               ) -> tuple[Arrays | None, Metrics]:
         """Adopt the global Q-function, run local FQI sweeps pulled toward it, reply (admm:
         one consensus step, its dual kept in ``context.state``)."""
-        learner, _ = node_learner(context, cfg)
+        learner, shard = node_learner(context, cfg)
         metrics: Metrics = {C.NUM_TRANSITIONS: learner.n_transitions}
+        if cfg.value_check == "warn":
+            metrics[C.VALUE_FLAGS] = len(shard.value_flags)
         if C.STATS_REQUEST in arrays:  # FedQHDExact: sufficient statistics, no local fit
             have, want = arrays[C.STATS_REQUEST]
             q_range = (tuple(float(v) for v in arrays[C.Q_RANGE]) if C.Q_RANGE in arrays

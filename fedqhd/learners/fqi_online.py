@@ -21,7 +21,7 @@ import hashlib
 from typing import Any
 
 import numpy as np
-from flwr.app import Context
+from flwr.app import ArrayRecord, Context, MetricRecord
 
 from fedqhd.config import RunConfig
 from fedqhd.data.partition import partition_settings
@@ -89,7 +89,24 @@ class FQIOnline(FQI):
 
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
         # every client replies every round with what it just learned: plain averaging
-        return super().server_plan(cfg.replace(client_update="proximal"), **strategy_kwargs)
+        plan = super().server_plan(cfg.replace(client_update="proximal"), **strategy_kwargs)
+        strategy, inner = plan.strategy, plan.evaluate
+
+        def evaluate(arrays: ArrayRecord) -> MetricRecord | None:
+            """The server's evaluation, with ``train-return-last100`` as the paper defines
+            it: the plain mean over the clients that replied (the strategy's round metric
+            weights clients by their transitions, which favours long episodes)."""
+            metrics = inner(arrays) if inner is not None else None
+            per_client = [m[TRAIN_RETURN_LAST100] for m in
+                          strategy.last_client_metrics.values()  # type: ignore[attr-defined]
+                          if TRAIN_RETURN_LAST100 in m]
+            if not per_client:
+                return metrics
+            metrics = metrics if metrics is not None else MetricRecord()
+            metrics[TRAIN_RETURN_LAST100] = float(np.mean(per_client))
+            return metrics
+
+        return ServerPlan(plan.strategy, plan.initial_arrays, evaluate, plan.run_info)
 
     def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
         return (f"train return (last 100) {row.get(TRAIN_RETURN_LAST100, float('nan')):.1f} | "

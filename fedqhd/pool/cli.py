@@ -133,6 +133,10 @@ def federated_study(clients: int, rho: float, seeds: int, **keys: object) -> dic
     evaluation, mean over clients); the pooled row is one POOL release of all clients'
     trajectories together at the same rho (what a single trusted curator would get).
     All policies of a seed are scored on the same simulated demands against c*.
+
+    A simulation study: noise is numpy seeded from the run config (reproducible, NOT
+    secure) unless ``keys`` say otherwise, and the privacy ledgers live in a temporary
+    directory, so repeating the study does not spend a node's real budget.
     """
     import logging
     import tempfile
@@ -153,12 +157,14 @@ def federated_study(clients: int, rho: float, seeds: int, **keys: object) -> dic
             cfg = RunConfig.from_run_config({
                 "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": seed,
                 "num-server-rounds": 1, "pool-rho": rho, "min-nodes": clients,
-                "output-dir": tmp, **keys})
-            grid = InProcessGrid([client_app] * clients, run_config=cfg.to_run_config())
+                "output-dir": tmp, "pool-noise": "numpy", "reproducible-noise": True, **keys})
+            nodes = [{"ledger-dir": f"{tmp}/ledgers"}] * clients
+            grid = InProcessGrid([client_app] * clients, run_config=cfg.to_run_config(),
+                                 node_configs=nodes)
             _, out_dir = run_federation(grid, cfg)
             row = json.loads((out_dir / "results.json").read_text())["rounds"][-1]
             pooled_cfg = cfg.replace(pool_trajectories=cfg.pool_trajectories * clients)
-            counts, _ = release(pooled_cfg, 0, ClientPrivacy.of(pooled_cfg, {}))
+            counts, _ = release(pooled_cfg, 0, ClientPrivacy.of(pooled_cfg, nodes[0]))
             pooled = GapEvaluator(cfg)(fit(pooled_cfg, counts))[C.GAP]
             rows.append({"seed": seed, "federated": row[C.GAP], "lone": row[C.GAP_OWN],
                          "informed": row[C.GAP_INFORMED], "pooled": pooled})

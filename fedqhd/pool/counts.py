@@ -87,11 +87,16 @@ def count_visits(states: np.ndarray, actions: np.ndarray, zones: Zoning,
     return VisitCounts(n_sa, n_sas, zones, cells)
 
 
+def count_sensitivity(horizon: int) -> float:
+    """L2 sensitivity of each count family: replacing one trajectory of ``horizon`` steps
+    moves at most 2H entries by one."""
+    return math.sqrt(2 * horizon)
+
+
 def privatize(counts: VisitCounts, rho: float, source: NoiseSource,
               ledger: PrivacyLedger | None = None) -> NoisyCounts:
     """Release ``counts`` under rho-zCDP (charged to ``ledger``), clipped at zero."""
-    H = counts.n_sa.shape[0]
-    sens = math.sqrt(2 * H)
+    sens = count_sensitivity(counts.n_sa.shape[0])
     out = release_counts({"n_sa": counts.n_sa.astype(np.int64),
                           "n_sas": counts.n_sas.astype(np.int64)}, rho, sens, source, ledger)
     # sigma = sqrt(2H / rho): rho/2 per family

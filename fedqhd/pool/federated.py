@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ from fedqhd.pool.counts import NoisyCounts, Zoning, count_visits, exact_counts
 from fedqhd.pool.learner import PoolLearner
 from fedqhd.pool.zones import StateCells
 from fedqhd.privacy import NOISE_KINDS, PrivacyLedger, make_noise_source
+from fedqhd.privacy.store import LedgerStore, data_fingerprint, ledger_dir
 from fedqhd.seeding import (
     pool_anchor_rng,
     pool_data_seed,
@@ -82,6 +84,7 @@ class ClientPrivacy:
     budget: float
     noise: str
     delta: float
+    ledger_dir: Path
 
     @classmethod
     def of(cls, cfg: RunConfig, node_config: dict[str, Any]) -> ClientPrivacy:
@@ -92,8 +95,11 @@ class ClientPrivacy:
         rho = float(node_config.get("rho", cfg.pool_rho))
         if not rho > 0 or not math.isfinite(rho):
             raise ValueError(f"node config 'rho' = {rho!r}: expected a positive finite number")
-        return cls(rho, float(node_config.get("rho-budget", cfg.pool_rho_budget)), noise,
-                   cfg.pool_delta)
+        budget = float(node_config.get("rho-budget", cfg.pool_rho_budget))
+        if not budget > 0 or not math.isfinite(budget):
+            raise ValueError(f"node config 'rho-budget' = {budget!r}: expected a positive "
+                             "finite number")
+        return cls(rho, budget, noise, cfg.pool_delta, ledger_dir(node_config))
 
 
 # ------------------------------------------------------------ the one release
@@ -101,9 +107,15 @@ def release(cfg: RunConfig, pid: int, privacy: ClientPrivacy
             ) -> tuple[NoisyCounts, PrivacyLedger]:
     """Generate the client's shard, count it and release the counts once.
 
+    The release is charged to the node's on-disk ledger of this shard (keyed by its
+    fingerprint, in ``privacy.ledger_dir``), so every earlier release of the same data,
+    in any run, counts against the budget. numpy noise is seeded from (seed, partition)
+    only when the run sets ``reproducible-noise``; otherwise from fresh entropy.
+
     Raises :class:`NonPrivateRefusedError` for ``noise = "none"`` unless the run is
     marked ``non-private``, and :class:`~fedqhd.privacy.BudgetExceededError` when
-    rho exceeds the client's budget (checked before any noise is drawn).
+    rho would take the shard's ledger past the client's budget (checked before any
+    noise is drawn).
     """
     if privacy.noise == "none" and not cfg.non_private:
         raise NonPrivateRefusedError(
@@ -114,11 +126,17 @@ def release(cfg: RunConfig, pid: int, privacy: ClientPrivacy
     zones, cells = zoning(cfg)
     data = generate_dataset(model, cfg.pool_trajectories,
                             random_state=pool_data_seed(cfg.seed, pid))
-    ledger = PrivacyLedger(privacy.budget, privacy.delta, client_id=f"partition-{pid}")
+    client_id = f"partition-{pid}"
     if privacy.noise == "none":
+        ledger = PrivacyLedger(privacy.budget, privacy.delta, client_id=client_id)
         return exact_counts(count_visits(data.states, data.actions, zones, cells)), ledger
-    source = make_noise_source(privacy.noise, random_state=pool_noise_seed(cfg.seed, pid))
-    return client_release(data, zones, cells, privacy.rho, source, ledger), ledger
+    seed = pool_noise_seed(cfg.seed, pid) if cfg.reproducible_noise else None
+    source = make_noise_source(privacy.noise, random_state=seed)
+    fingerprint = data_fingerprint(data.states, data.actions, data.rewards)
+    with LedgerStore(privacy.ledger_dir).open(fingerprint, privacy.budget, privacy.delta,
+                                              client_id) as ledger:
+        counts = client_release(data, zones, cells, privacy.rho, source, ledger)
+    return counts, ledger
 
 
 def ledger_metrics(counts: NoisyCounts, ledger: PrivacyLedger, pid: int, cfg: RunConfig
@@ -127,7 +145,9 @@ def ledger_metrics(counts: NoisyCounts, ledger: PrivacyLedger, pid: int, cfg: Ru
 
     A non-private client reports ``private = 0`` and no epsilon (it has none).
     ``num-transitions`` is n * H: n is public under replace-one neighbouring datasets.
-    ``noise-secure`` is 1 only if every release used a secure sampler.
+    ``noise-secure`` is 1 only if every release used a secure sampler;
+    ``noise-reproducible`` is 1 if any release's noise was seeded from the run config.
+    ``rho-spent`` is the shard's total over every run (the on-disk ledger).
     """
     out: dict[str, float] = {C.PARTITION_ID: pid, C.PRIVATE: int(counts.private),
                              C.NUM_TRANSITIONS: cfg.pool_trajectories * cfg.pool_horizon}
@@ -136,7 +156,9 @@ def ledger_metrics(counts: NoisyCounts, ledger: PrivacyLedger, pid: int, cfg: Ru
                     C.DELTA: ledger.delta, C.EPSILON_CKS: ledger.epsilon_cks(),
                     C.EPSILON_EXACT: ledger.epsilon_exact(), C.EPSILON: ledger.epsilon(),
                     C.NOISE_SIGMA: counts.sigma,
-                    C.NOISE_SECURE: int(all(e.get("secure", False) for e in ledger.entries))})
+                    C.NOISE_SECURE: int(all(e.get("secure", False) for e in ledger.entries)),
+                    C.NOISE_REPRODUCIBLE: int(any(e.get("reproducible", True)
+                                                  for e in ledger.entries))})
     return out
 
 

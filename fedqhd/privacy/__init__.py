@@ -8,6 +8,10 @@
 * :mod:`.ledger` -- a per-client :class:`PrivacyLedger`: composed rho,
   (epsilon, delta) by the CKS conversion and by the exact analytic Gaussian,
   refusal of releases beyond the budget, JSON round trip.
+* :mod:`.store` -- a node's ledgers on disk, one per data fingerprint, so the
+  budget holds across runs and restarts.
+* :mod:`.audit` -- an empirical epsilon lower bound of a Gaussian count release
+  (``fedqhd privacy audit``), to refute a broken mechanism.
 """
 
 from fedqhd.privacy.ledger import (

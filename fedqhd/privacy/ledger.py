@@ -84,6 +84,11 @@ def conversion_for(noise_labels: list[str]) -> str:
 _CONVERSIONS = {"exact-gaussian": epsilon_exact, "opendp": epsilon_opendp, "cks": epsilon_cks}
 
 
+def epsilon_by(conversion: str, rho: float, delta: float) -> float:
+    """epsilon(delta) of total ``rho`` by a named conversion (see :func:`conversion_for`)."""
+    return _CONVERSIONS[conversion](rho, delta)
+
+
 @dataclass
 class PrivacyLedger:
     """What one client has released, and how much more it may release.

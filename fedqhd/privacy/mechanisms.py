@@ -55,7 +55,8 @@ class GaussianMechanism:
         """Charge the ledger (refusing beyond budget), then return noisy values."""
         if ledger is not None:
             ledger.spend(self.rho, label=label, mechanism="gaussian", sigma=self.sigma,
-                         noise=source.label, secure=bool(source.secure))
+                         noise=source.label, secure=bool(source.secure),
+                         reproducible=bool(source.reproducible))
         return source.add_noise(values, self.sigma)
 
 

@@ -4,7 +4,11 @@ Experiments need bit-for-bit reproducible noise, which a seeded numpy
 generator gives but which is **not** suitable for protecting real data (its
 state is predictable and floating-point Gaussians leak through their low
 bits). Real releases should use :class:`OpenDPNoise`, which samples the
-discrete Gaussian exactly from a cryptographically secure generator.
+discrete Gaussian exactly from a cryptographically secure generator; it is the
+default of the Flower app. A :class:`NumpyNoise` without a seed draws its seed
+from fresh OS entropy, so noise seeded from a run config (which anyone holding
+the config can regenerate, recovering every unclipped count) only happens when
+a run asks for it (``reproducible-noise = true``).
 """
 
 from __future__ import annotations
@@ -22,11 +26,15 @@ class NoiseSource(Protocol):
     ----------
     secure : bool
         Whether the sampler is fit for protecting real data.
+    reproducible : bool
+        Whether the noise can be regenerated from a known seed (then it hides nothing
+        from whoever knows the seed).
     label : str
         Short name recorded in ledgers and results.
     """
 
     secure: bool
+    reproducible: bool
     label: str
 
     def add_noise(self, values: np.ndarray, sigma: float) -> np.ndarray:
@@ -40,14 +48,18 @@ class NumpyNoise:
     Parameters
     ----------
     random_state : int, numpy Generator or None
-        Seed (or generator) making the noise reproducible.
+        Seed (or generator) making the noise reproducible; ``None`` seeds from fresh OS
+        entropy (:class:`numpy.random.SeedSequence`), never recorded anywhere.
     """
 
     secure = False
-    label = "numpy-seeded (NOT secure)"
 
     def __init__(self, random_state: int | np.random.Generator | None = None) -> None:
-        self.rng = np.random.default_rng(random_state)
+        self.reproducible = random_state is not None
+        self.label = ("numpy-seeded (NOT secure)" if self.reproducible
+                      else "numpy-fresh-entropy (NOT secure)")
+        self.rng = np.random.default_rng(np.random.SeedSequence() if random_state is None
+                                         else random_state)
 
     def add_noise(self, values: np.ndarray, sigma: float) -> np.ndarray:
         values = np.asarray(values, dtype=float)
@@ -66,6 +78,7 @@ class OpenDPNoise:
     """
 
     secure = True
+    reproducible = False
     label = "opendp-discrete-gaussian"
 
     def __init__(self) -> None:
@@ -95,7 +108,8 @@ NOISE_KINDS: tuple[str, ...] = ("numpy", "opendp", "none")
 
 
 def make_noise_source(kind: str, random_state: int | None = None) -> NoiseSource:
-    """Build a noise source by name: ``"numpy"`` (seeded, not secure) or ``"opendp"``."""
+    """Build a noise source by name: ``"numpy"`` (not secure; seeded only when
+    ``random_state`` is given, else fresh entropy) or ``"opendp"`` (never seeded)."""
     if kind == "numpy":
         return NumpyNoise(random_state)
     if kind == "opendp":

@@ -16,6 +16,22 @@ import numpy as np
 from fedqhd import __version__
 from fedqhd.config import RunConfig
 
+#: the packages whose versions decide a run's numbers, recorded in ``run_config.json``
+RECORDED_PACKAGES = ("flwr", "numpy", "gymnasium", "scikit-learn")
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions of :data:`RECORDED_PACKAGES` (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for name in RECORDED_PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
 
 def new_run_dir(root: str | Path) -> Path:
     """A fresh ``root/<YYYY-MM-DD>/<HH-MM-SS>`` folder (suffixed if it exists)."""
@@ -37,7 +53,8 @@ class RunRecorder:
         self.rounds: list[dict[str, Any]] = []
         self.started = time.time()
         info = {"config": cfg.to_run_config(), "seed": cfg.seed, "fedqhd-version": __version__,
-                "python": platform.python_version(), "started": datetime.now().isoformat()}
+                "python": platform.python_version(), "versions": package_versions(),
+                "started": datetime.now().isoformat()}
         info.update(extra or {})
         (out_dir / "run_config.json").write_text(json.dumps(info, indent=2, sort_keys=True))
 

@@ -12,6 +12,7 @@ from flwr.common.logger import log
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
+from .screening import describe
 
 
 class FedQHDAnchor(FunctionSpaceStrategy):
@@ -39,7 +40,8 @@ class FedQHDAnchor(FunctionSpaceStrategy):
         :class:`~fedqhd.strategies.base.FunctionSpaceStrategy`.
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
     min_available_nodes
-        As in Flower's ``FedAvg``.
+        As in Flower's ``FedAvg``, but ``fraction_evaluate`` is 0 by default (no federated
+        evaluation), as in every fedqhd strategy.
 
     Notes
     -----
@@ -51,7 +53,7 @@ class FedQHDAnchor(FunctionSpaceStrategy):
 
     def __init__(self, anchors: np.ndarray, n_values: int | None = None,
                  weighting: str = "transitions", fraction_train: float = 1.0,
-                 fraction_evaluate: float = 1.0, min_train_nodes: int = 2,
+                 fraction_evaluate: float = 0.0, min_train_nodes: int = 2,
                  min_evaluate_nodes: int = 2, min_available_nodes: int = 2, *,
                  n_actions: int | None = None, **safeguards: Any) -> None:
         super().__init__(weighting, fraction_train, fraction_evaluate, min_train_nodes,
@@ -85,8 +87,8 @@ class FedQHDAnchor(FunctionSpaceStrategy):
         for node, metrics in zip(screened.nodes, screened.metrics, strict=True):
             residual = metrics.get(C.PROJECTION_RESIDUAL)
             if residual is not None:
-                log(INFO, "FedQHDAnchor round %d: node %s projection residual %.4g",
-                    server_round, node, residual)
+                log(INFO, "FedQHDAnchor round %d: %s projection residual %.4g",
+                    server_round, describe(node, metrics), residual)
         self.last_train_metrics = screened.round_metrics()
         self.last_train_metrics[C.CLIENTS_AVERAGED] = len(screened.arrays)
         self.last_client_metrics = screened.per_node_metrics()

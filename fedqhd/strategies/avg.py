@@ -47,7 +47,8 @@ class FedQHDAvg(FunctionSpaceStrategy):
         Shape every reply's readout must have; ``None`` (default): the shape of the
         global readout that :meth:`configure_train` sends.
     fraction_train, fraction_evaluate : float
-        Fractions of connected nodes sampled for training / federated evaluation.
+        Fractions of connected nodes sampled for training / federated evaluation
+        (``fraction_evaluate`` 0 by default, as in every fedqhd strategy: no evaluation).
     min_train_nodes, min_evaluate_nodes, min_available_nodes : int
         As in Flower's ``FedAvg``.
     **safeguards
@@ -120,5 +121,9 @@ class FedQHDAvg(FunctionSpaceStrategy):
         else:
             arrays, weights = (list(t) for t in zip(*self._latest.values(), strict=True))
         metrics[C.CLIENTS_AVERAGED] = len(arrays)
+        if self.aggregate == "latest":
+            log(INFO, "FedQHDAvg train round %d: %d clients averaged (%d replied this round, "
+                "%d latest replies of earlier rounds)", server_round, len(arrays),
+                len(screened.arrays), len(arrays) - len(screened.arrays))
         self.last_train_metrics = metrics
         return C.to_array_record({C.READOUT: self.safeguards.combine(arrays, weights)}), metrics

@@ -31,9 +31,12 @@ class FunctionSpaceStrategy(FedAvg):
     Parameters
     ----------
     weighting : {"transitions", "uniform"}
-    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes,
-    min_available_nodes
+    fraction_train, min_train_nodes, min_evaluate_nodes, min_available_nodes
         As in Flower's ``FedAvg``.
+    fraction_evaluate : float
+        Fraction of nodes sent an ``evaluate`` message each round. 0 (the default of every
+        fedqhd strategy): no federated evaluation, so a train-only ClientApp works as is;
+        set it > 0 when the ClientApp answers ``evaluate`` messages.
     aggregation, trim_fraction, clip_factor, norm_bound_factor, weight_cap_factor
         The screening safeguards and aggregation rule, see
         :class:`~fedqhd.strategies.screening.Safeguards` (defaults: weighted mean, norm
@@ -51,7 +54,7 @@ class FunctionSpaceStrategy(FedAvg):
         self,
         weighting: str = "transitions",
         fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
+        fraction_evaluate: float = 0.0,
         min_train_nodes: int = 2,
         min_evaluate_nodes: int = 2,
         min_available_nodes: int = 2,
@@ -72,7 +75,8 @@ class FunctionSpaceStrategy(FedAvg):
             raise ValueError(f"node_wait_timeout must be >= 0, got {node_wait_timeout}")
         super().__init__(
             fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
+            # FedAvg warns when given 0.0; here 0.0 is the documented default (set below)
+            fraction_evaluate=fraction_evaluate or 1.0,
             min_train_nodes=min_train_nodes,
             min_evaluate_nodes=min_evaluate_nodes,
             min_available_nodes=min_available_nodes,
@@ -80,6 +84,8 @@ class FunctionSpaceStrategy(FedAvg):
             arrayrecord_key=C.ARRAYS,
             configrecord_key=C.CONFIG,
         )
+        if fraction_evaluate == 0.0:  # FedAvg's own handling of 0.0, without the warning
+            self.fraction_evaluate, self.min_evaluate_nodes = 0.0, 0
         self.weighting = weighting
         self.safeguards = Safeguards(aggregation, trim_fraction, clip_factor,
                                      norm_bound_factor, weight_cap_factor)
@@ -101,6 +107,9 @@ class FunctionSpaceStrategy(FedAvg):
         super().summary()
         g = self.safeguards
         log(INFO, "\t└──> Weighting of client replies: %s", self.weighting)
+        if self.fraction_evaluate == 0.0:
+            log(INFO, "\t└──> Federated evaluation: off (fraction_evaluate = 0; pass "
+                "fraction_evaluate > 0 if the ClientApp answers evaluate messages)")
         log(INFO, "\t└──> Aggregation: %s (trim %g, clip %g x median norm); norm bound %s; "
             "weight cap %s; identities expire after %s silent rounds; node wait %gs",
             g.aggregation, g.trim_fraction, g.clip_factor,
@@ -163,7 +172,7 @@ class FunctionSpaceStrategy(FedAvg):
         sampled, self._sampled[stage] = self._sampled[stage], None
         label = f"{type(self).__name__} {stage} round {server_round}"
         return screen_replies(replies, array_key, expected_shape, self.weighting == "uniform",
-                              label, self.safeguards, sampled)
+                              label, self.safeguards, sampled, self.identities.key_of)
 
     def _bind_identities(self, screened: ScreenedReplies, server_round: int) -> list[tuple]:
         """Refuse (and count) replies whose client key is forged or switched; returns the
@@ -188,17 +197,19 @@ class FunctionSpaceStrategy(FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """The clients' evaluation metrics aggregated by the strategy's rule; the reply
-        counts (and ``num-transitions``) are prefixed ``evaluate-`` so that a round's
-        row keeps the train counts too."""
+        counts (and the sizes, ``metrics-missing``) are prefixed ``evaluate-`` so that a
+        round's row keeps the train counts too. A round whose replies were all left out
+        still returns its counts (``evaluate-replies-ok`` = 0), so Flower's ``Result``
+        keeps it; ``None`` only when no message was sent."""
         replies = list(replies)
-        screened = self._screen("evaluate", server_round, replies, None, None)
-        if not replies and not screened.sampled:
+        if not replies and not self._sampled["evaluate"]:  # no evaluation this round
+            self._sampled["evaluate"] = None
             self.last_evaluate_metrics = None
             return None
+        screened = self._screen("evaluate", server_round, replies, None, None)
         metrics = screened.round_metrics()
         out = MetricRecord({})
         for key, value in metrics.items():
-            evaluate_key = key in C.REPLY_COUNTS or key == C.NUM_TRANSITIONS
-            out[f"{C.EVALUATE_PREFIX}{key}" if evaluate_key else key] = value
+            out[f"{C.EVALUATE_PREFIX}{key}" if key in C.EVALUATE_PREFIXED else key] = value
         self.last_evaluate_metrics = out
         return out

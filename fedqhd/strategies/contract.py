@@ -1,7 +1,21 @@
 """The message contract between fedqhd strategies and ClientApps, in one place.
 
 Every record name and key used on the wire is a named constant here, used by
-both sides. The README's "Message contract" section documents the same table.
+both sides; ``docs/strategies.md`` is the full contract (types, required or
+optional, how each key aggregates, what happens when replies are left out).
+In short:
+
+* Server -> client: ``arrays`` (ArrayRecord: the global model) and ``config``
+  (ConfigRecord with ``server-round``), the same for ``train`` and ``evaluate``.
+* Client -> server: ``Message(content=RecordDict(...), reply_to=msg)`` with
+  ``metrics`` (MetricRecord) and, for ``train``, ``arrays`` built with
+  :func:`to_array_record`. Every reply needs a size, ``num-transitions`` or else
+  ``num-examples`` (finite, > 0): the reply's weight, summed per round. Every other
+  numeric metric is optional and aggregated by weighted mean over the replies
+  that carry it (omissions warned about and counted in ``metrics-missing``);
+  ``partition-id`` is never averaged: it names the client.
+* Federated evaluation is off by default (``fraction_evaluate = 0``); an evaluate
+  reply needs only the size; its counts come back prefixed ``evaluate-``.
 """
 
 from __future__ import annotations
@@ -15,10 +29,10 @@ CONFIG = "config"    #: ConfigRecord: per-round settings sent to clients
 METRICS = "metrics"  #: MetricRecord: a reply's numbers
 
 # array keys
-READOUT = "readout"      #: (D, |A|) readout of a shared encoder (FedQHDAvg, both directions)
+READOUT = "readout"      #: (D, |A|) readout of a shared encoder (FedQHDAvg: required both ways)
 ANCHORS = "anchors"      #: (m, obs_dim) anchor states fixed by the server (FedQHDAnchor)
 TEACHER = "teacher"      #: (m, |A|) weighted mean of client Q-values on the anchors
-Q_ANCHORS = "q-anchors"  #: (m, |A|) one client's Q-values on the anchors (reply)
+Q_ANCHORS = "q-anchors"  #: (m, |A|) one client's Q-values on the anchors (required reply)
 # FedQHDExact (shared encoder, pooled ridge FQI from sufficient statistics; see exact.py)
 STATS_REQUEST = "stats-request"  #: (2,) server -> client: [transitions of this client already
 #                                   in the server's Gram, 1 if phi-y is wanted this round else 0]
@@ -35,15 +49,23 @@ REWARD_RANGE = "reward-range"    #: (2,) reply: [min, max] of the client's rewar
 SERVER_ROUND = "server-round"
 
 # metric keys
-NUM_TRANSITIONS = "num-transitions"          #: reply: transitions in the client's shard (> 0)
+NUM_TRANSITIONS = "num-transitions"  #: reply, required (or NUM_EXAMPLES): shard size, int/float > 0
+NUM_EXAMPLES = "num-examples"        #: reply without NUM_TRANSITIONS (non-RL apps): size > 0
+#: the keys a reply's size (and weight) is read from, first present wins; summed per round
+SIZE_KEYS = (NUM_TRANSITIONS, NUM_EXAMPLES)
+# optional reply metrics of fedqhd's ClientApp (a round reports their weighted means)
 BELLMAN_RESIDUAL = "bellman-residual"        #: reply: RMS Bellman residual after local FQI
 CONSENSUS_GAP = "consensus-gap"              #: reply (admm): ||w_i - W|| / max(||w_i||, ||W||)
 PROJECTION_RESIDUAL = "projection-residual"  #: reply: ||X_i W_i - T||_F of the compilation
 RETURN_MEAN = "return-mean"                  #: evaluate reply: mean greedy return
-RETURN_STD = "return-std"                    #: evaluate reply: std of greedy return
+RETURN_STD = "return-std"                    #: evaluate reply: std of greedy return (the round
+#                                               reports the weighted mean of the stds)
 GRAM_THROUGH = "gram-through"                #: reply (exact): transitions its Grams now cover
 EXACT_CLIENTS = "exact-clients"              #: round (exact): clients in the pooled system
 EXACT_STALE = "exact-stale"                  #: round (exact): clients whose phi-y is an old one
+VALUE_FLAGS = "value-flags"                  #: reply: fields of the client's shard flagged far
+#                                               outside the env's bounds (value-check = warn);
+#                                               round: their sum
 REPLIES_OK = "replies-ok"                    #: round metric: replies aggregated
 REPLIES_FAILED = "replies-failed"            #: round metric: replies carrying an error
 REPLIES_REJECTED = "replies-rejected"        #: round metric: replies refused by screening
@@ -54,15 +76,19 @@ REPLIES_NORM_REFUSED = "replies-norm-refused"  #: round metric: rejected for the
 REPLIES_WEIGHT_CAPPED = "replies-weight-capped"  #: round metric: kept with a capped weight
 REPLIES_IDENTITY_REFUSED = "replies-identity-refused"  #: round: forged or switched client ids
 CLIENTS_AVERAGED = "clients-averaged"        #: round metric: clients in the aggregate
+METRICS_MISSING = "metrics-missing"          #: round metric: metric keys some replies omitted
 #: the reply counts of a round; evaluation reports them prefixed ``evaluate-``
 REPLY_COUNTS = (REPLIES_SAMPLED, REPLIES_RECEIVED, REPLIES_OK, REPLIES_FAILED, REPLIES_REJECTED,
                 REPLIES_TIMED_OUT, REPLIES_NORM_REFUSED, REPLIES_WEIGHT_CAPPED,
                 REPLIES_IDENTITY_REFUSED, CLIENTS_AVERAGED)
 EVALUATE_PREFIX = "evaluate-"
+#: the round metrics that evaluation reports prefixed ``evaluate-`` (counts, not results)
+EVALUATE_PREFIXED = (*REPLY_COUNTS, *SIZE_KEYS, METRICS_MISSING)
 BLAS_THREADS = "blas-threads"  #: reply: BLAS threads of the ClientApp's process (Ray: its CPUs)
 
 # privacy metric keys (learner = "pool": every train reply carries its client's ledger)
-PARTITION_ID = "partition-id"    #: reply: the client's partition id (maps node ids to clients)
+PARTITION_ID = "partition-id"    #: reply, optional: the client's partition id (names it in logs;
+#                                   FedQHDAvg(aggregate="latest") keys clients by it); not averaged
 PRIVATE = "private"              #: reply: 1 if the released values come from noisy counts, else 0
 RHO_SPENT = "rho-spent"          #: reply: zCDP rho the client has spent (ledger total)
 RHO_BUDGET = "rho-budget"        #: reply: the client's rho budget
@@ -72,6 +98,7 @@ EPSILON_EXACT = "epsilon-exact"  #: reply: epsilon(delta) of the exact (analytic
 EPSILON = "epsilon"              #: reply: epsilon(delta) by the conversion valid for its noise
 NOISE_SECURE = "noise-secure"    #: reply: 1 if the noise sampler is fit for real data
 NOISE_SIGMA = "noise-sigma"      #: reply: Gaussian noise scale of every released count
+NOISE_REPRODUCIBLE = "noise-reproducible"  #: reply: 1 if any release was seeded
 REPLIES_REFUSED_NON_PRIVATE = "replies-refused-non-private"  #: round: non-private replies left out
 GAP = "gap-percent"              #: round: (c - c*) / c* * 100 of the federated policy
 COST = "cost"                    #: round: mean episode cost of the federated policy
@@ -82,7 +109,7 @@ GAP_INFORMED = "gap-informed-percent"  #: evaluate reply: gap of its teacher-inf
 #: the reply metrics that make up a client's privacy-ledger report
 LEDGER_KEYS = (PRIVATE, RHO_SPENT, RHO_BUDGET, DELTA, EPSILON_CKS, EPSILON_EXACT, EPSILON,
                NOISE_SIGMA,
-               NOISE_SECURE, NUM_TRANSITIONS)
+               NOISE_SECURE, NOISE_REPRODUCIBLE, NUM_TRANSITIONS)
 
 
 def pack_upper(grams: np.ndarray) -> np.ndarray:

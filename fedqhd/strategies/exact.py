@@ -19,7 +19,7 @@ Protocol (array keys in :mod:`fedqhd.strategies.contract`), one sweep per round:
   metrics ``num-transitions`` and ``gram-through``.
 
 The value range is agreed through the server: every reply carries the client's reward
-[min, max]; the server sends back :func:`~fedqhd.readout.pooled_value_range` of all of
+[min, max]; the server sends back :func:`~fedqhd.gram.pooled_value_range` of all of
 them, the range pooled FQI uses (``value_range="data"`` on the pooled rewards). In round
 1 the range is not known yet; it is not needed there when the first readout is zero (the
 targets are then the rewards, inside every range that contains them), so that round
@@ -42,11 +42,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fedqhd.readout import GramSystems, pooled_value_range
+from fedqhd.gram import GramSystems, pooled_value_range
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
-from .screening import ScreenedReplies, _check
+from .screening import ScreenedReplies, _check, decode_array, describe, reply_size
 
 
 class FedQHDExact(FunctionSpaceStrategy):
@@ -143,17 +143,17 @@ class FedQHDExact(FunctionSpaceStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         label = f"FedQHDExact round {server_round}"
-        # the round's accounting as the other strategies keep it (sampled vs received)
         sampled, self._sampled["train"] = self._sampled["train"], None
-        screened = ScreenedReplies(sampled=sampled)
+        screened = ScreenedReplies(label=label, sampled=sampled)
+        known = self.identities.key_of
         replied: set[int] = set()
         for msg in replies:
             screened.received += 1
             node = msg.metadata.src_node_id
             if msg.has_error():
                 screened.failed += 1
-                log(WARNING, "%s: node %s replied with an error: %s", label, node,
-                    msg.error.reason)
+                log(WARNING, "%s: %s replied with an error: %s", label,
+                    describe(node, None, known), msg.error.reason)
                 continue
             reason, rhs, metrics = _check(msg, C.PHI_Y if self._want_rhs else None,
                                           (self.dim, self.n_actions))
@@ -162,7 +162,8 @@ class FedQHDExact(FunctionSpaceStrategy):
                 reason, gram, extremes = self._check_statistics(msg, node, metrics)
             if reason is not None:
                 screened.rejected += 1
-                log(WARNING, "%s: reply of node %s left out: %s", label, node, reason)
+                log(WARNING, "%s: reply of %s left out: %s", label,
+                    describe(node, metrics, known), reason)
                 continue
             if gram is not None:
                 self._grams += C.unpack_upper(gram, self.dim)
@@ -176,8 +177,9 @@ class FedQHDExact(FunctionSpaceStrategy):
             metrics.pop(C.GRAM_THROUGH, None)  # a count per client, not a round mean
             screened.metrics.append(metrics)
             screened.nodes.append(node)
-            screened.weights.append(1.0 if self.weighting == "uniform"
-                                    else float(metrics[C.NUM_TRANSITIONS]))
+            size = reply_size(metrics)
+            assert size is not None  # _check refuses a reply without one
+            screened.weights.append(1.0 if self.weighting == "uniform" else float(size[1]))
         log(INFO, "%s: %d replies aggregated, %d failed, %d rejected", label,
             len(screened.metrics), screened.failed, screened.rejected)
         metrics_out = screened.round_metrics()
@@ -205,21 +207,24 @@ class FedQHDExact(FunctionSpaceStrategy):
             return f"no '{C.ARRAYS}' ArrayRecord", None, None
         if C.REWARD_RANGE not in record:
             return f"no '{C.REWARD_RANGE}' array", None, None
-        extremes = record[C.REWARD_RANGE].numpy().astype(np.float64)
-        if extremes.shape != (2,) or not np.all(np.isfinite(extremes)) or extremes[0] > extremes[1]:
+        # decoded as screening does: real floats only, bytes as the header claims
+        reason, extremes = decode_array(record[C.REWARD_RANGE], (2,))
+        if reason is not None or extremes is None:
+            return f"'{C.REWARD_RANGE}': {reason}", None, None
+        if not np.all(np.isfinite(extremes)) or extremes[0] > extremes[1]:
             return f"'{C.REWARD_RANGE}' must be finite [min, max]", None, None
         if C.GRAM not in record:
             if self._have.get(node, 0) == 0:
                 return f"no '{C.GRAM}' from a client whose Gram the server lacks", None, None
             return None, None, extremes
-        gram = record[C.GRAM].numpy()
         expected = (self.n_actions, self.dim * (self.dim + 1) // 2)
-        if gram.shape != expected:
-            return f"'{C.GRAM}' has shape {gram.shape}, expected {expected}", None, None
+        reason, gram = decode_array(record[C.GRAM], expected)
+        if reason is not None or gram is None:
+            return f"'{C.GRAM}': {reason}", None, None
         if not np.all(np.isfinite(gram)):
             return f"'{C.GRAM}' holds non-finite values", None, None
         through = metrics.get(C.GRAM_THROUGH)
         if through is None or through <= self._have.get(node, 0):
             return (f"'{C.GRAM_THROUGH}' missing or not beyond the {self._have.get(node, 0)} "
                     f"transitions already held"), None, None
-        return None, gram.astype(np.float64), extremes
+        return None, gram, extremes

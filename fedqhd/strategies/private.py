@@ -20,6 +20,7 @@ from flwr.serverapp.strategy import Strategy
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
+from .screening import _metrics_or_none, describe
 
 
 def declares_private(msg: Message) -> bool:
@@ -79,9 +80,10 @@ class PrivacyScreen(Strategy):
                 kept.append(msg)
                 continue
             refused += 1
-            log(WARNING, "PrivacyScreen %s: reply of node %s refused: it does not declare a "
+            log(WARNING, "PrivacyScreen %s: reply of %s refused: it does not declare a "
                 "private release and the run is not marked non-private", label,
-                msg.metadata.src_node_id)
+                describe(msg.metadata.src_node_id, _metrics_or_none(msg),
+                         self.strategy.identities.key_of))
         return kept, refused
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

@@ -5,9 +5,11 @@ only if it carries no error, has the expected array, decodable as a ``.npy`` of 
 real floating dtype (``float16/32/64``; integers, booleans, complex, strings and
 object or pickled arrays are refused: no honest client sends them) whose bytes
 hold exactly the data its header claims and whose shape is the expected one,
-only finite values, and a finite positive transition count. Every other reply is
-left out, logged with its reason under its node id (and the partition id its
-metrics claim, if any) and counted in the round's metrics; the round goes on.
+only finite values, and a finite positive size (``num-transitions``, or
+``num-examples`` when it sends no ``num-transitions``). Every other reply is left
+out, logged with its reason under its node id (and its client's partition id: the
+one its metrics claim, else the one its node sent before) and counted in the round's
+metrics; the round goes on.
 
 Two safeguards are on by default (:class:`Safeguards`): a reply whose array norm
 is above ``norm_bound_factor`` times the median norm of the round's replies is
@@ -15,14 +17,17 @@ refused (counted under ``replies-rejected`` and ``replies-norm-refused``), and a
 client's weight is capped at ``weight_cap_factor`` times the median claimed
 ``num-transitions`` of the round (the reply is kept, counted under
 ``replies-weight-capped``). The aggregation rule (:data:`AGGREGATIONS`) then
-combines the accepted arrays and the replies' numeric metrics.
+combines the accepted arrays and the replies' numeric metrics: each metric over
+the replies that carry it (a metric some replies omit is named in a warning and
+counted in ``metrics-missing``; none is dropped), the sizes summed.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
@@ -162,9 +167,14 @@ class ScreenedReplies:
     norm_refused: int = 0
     weight_capped: int = 0
     identity_refused: int = 0
+    #: sum of the ``value-flags`` every readable reply claims, refused ones included (a
+    #: flagged shard often yields a reply the norm bound refuses); None: none claimed any
+    value_flags: int | None = None
     #: messages sent this round (None: unknown, taken as ``received``)
     sampled: int | None = None
     safeguards: Safeguards = OFF
+    #: prefix of log lines (the strategy, stage and round)
+    label: str = ""
 
     def weighted_mean(self) -> np.ndarray:
         return weighted_mean(self.arrays, self.weights)
@@ -193,33 +203,69 @@ class ScreenedReplies:
                 C.REPLIES_IDENTITY_REFUSED: self.identity_refused,
                 C.REPLIES_TIMED_OUT: max(sampled - self.received, 0)}
 
+    def missing_metrics(self) -> dict[str, list[int]]:
+        """Metric key -> indices of the accepted replies that lack it (for the keys that
+        some, but not all, accepted replies sent)."""
+        keys = set().union(*self.metrics) - set(C.SIZE_KEYS) - {C.PARTITION_ID}
+        return {key: [i for i, m in enumerate(self.metrics) if key not in m]
+                for key in sorted(keys) if not all(key in m for m in self.metrics)}
+
     def round_metrics(self) -> MetricRecord:
-        """The numeric reply metrics aggregated by the strategy's rule, plus the counts."""
+        """The numeric reply metrics aggregated by the strategy's rule, each over the
+        replies that carry it (omissions logged and counted), the sizes summed, plus the
+        counts."""
         # MetricRecord's value type (dict is invariant, so spell it out)
         out: dict[str, int | float | list[int] | list[float]] = {}
+        missing = self.missing_metrics() if self.metrics else {}
+        for key, lacking in missing.items():
+            log(WARNING, "%s: metric '%s' missing from %d of %d replies (%s); aggregated over "
+                "the replies that sent it", self.label, key, len(lacking), len(self.metrics),
+                ", ".join(describe(self.nodes[i], self.metrics[i]) for i in lacking))
         if self.metrics:
-            w = np.asarray(self.weights, dtype=np.float64)
-            w = w / w.sum()
-            # a sum is kept for the counts; a mean of ids means nothing
-            keys = set.intersection(*(set(m) for m in self.metrics)) - {C.NUM_TRANSITIONS,
-                                                                        C.PARTITION_ID}
+            # a sum is kept for the sizes; a mean of ids means nothing
+            keys = (set().union(*self.metrics) - set(C.SIZE_KEYS)
+                    - {C.PARTITION_ID, C.VALUE_FLAGS})
             for key in sorted(keys):
-                if self.safeguards.aggregation == "mean":
-                    out[key] = float(sum(wi * m[key]
-                                         for wi, m in zip(w, self.metrics, strict=True)))
-                else:
-                    out[key] = float(self.safeguards.combine(
-                        [np.asarray(m[key], dtype=np.float64) for m in self.metrics], list(w)))
-            out[C.NUM_TRANSITIONS] = int(sum(m.get(C.NUM_TRANSITIONS, 0) for m in self.metrics))
+                w, values = zip(*((wi, m[key]) for wi, m in
+                                  zip(self.weights, self.metrics, strict=True) if key in m),
+                                strict=True)
+                out[key] = float(self.safeguards.combine(
+                    [np.asarray(v, dtype=np.float64) for v in values],
+                    list(np.asarray(w) / np.sum(w))))
+            for key in C.SIZE_KEYS:
+                if any(key in m for m in self.metrics):
+                    out[key] = int(sum(m.get(key, 0) for m in self.metrics))
+        out[C.METRICS_MISSING] = len(missing)
+        flags = self.value_flags
+        if flags is None and any(C.VALUE_FLAGS in m for m in self.metrics):
+            flags = int(sum(m.get(C.VALUE_FLAGS, 0) for m in self.metrics))
+        if flags is not None:
+            out[C.VALUE_FLAGS] = flags
         out.update(self.counts())
         return MetricRecord(out)
 
 
-def describe(node: int, metrics: Any) -> str:
-    """``node 7`` or ``node 7 (partition-id 3)``, for log lines; never raises."""
+def reply_size(metrics: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """``(key, value)`` of a reply's size: ``num-transitions``, else ``num-examples``
+    (Flower's ``FedAvg`` key, what a non-RL app sends); ``None`` when it has neither."""
+    for key in C.SIZE_KEYS:
+        if key in metrics:
+            return key, metrics[key]
+    return None
+
+
+def describe(node: int, metrics: Any, known: Mapping[int, tuple[str, int]] | None = None
+             ) -> str:
+    """``node 7``, ``node 7 (partition-id 3)`` (claimed by this reply's metrics) or
+    ``node 7 (partition-id 3 earlier)`` (bound to the node by an earlier reply, in
+    ``known``), for log lines; never raises."""
     try:
         pid = metrics.get(C.PARTITION_ID) if metrics is not None else None
-        return f"node {node}" + (f" (partition-id {pid!r})" if pid is not None else "")
+        if pid is not None:
+            return f"node {node} (partition-id {pid!r})"
+        kind, value = (known or {}).get(node, ("node", node))
+        return f"node {node}" + (f" (partition-id {value} earlier)" if kind == "partition"
+                                 else "")
     except Exception:  # noqa: BLE001 - a log line must not fail on a crafted record
         return f"node {node}"
 
@@ -232,6 +278,7 @@ def screen_replies(
     label: str,
     safeguards: Safeguards = OFF,
     sampled: int | None = None,
+    known: Mapping[int, tuple[str, int]] | None = None,
 ) -> ScreenedReplies:
     """Split replies into usable ones and counted refusals; never raises on a reply.
 
@@ -242,8 +289,8 @@ def screen_replies(
         Key of the array each reply must carry in its ``arrays`` record; ``None``
         for metric-only replies (evaluation).
     expected_shape : tuple or None
-        Required shape of that array (``None``: any shape, but all equal to the first
-        accepted one).
+        Required shape of that array (``None``: the shape most well-formed replies
+        have, so that a first reply of another shape cannot set it).
     uniform : bool
         Weight accepted replies equally instead of by ``num-transitions``.
     label : str
@@ -252,9 +299,15 @@ def screen_replies(
         Norm bound, weight cap and aggregation rule (default: all off, plain mean).
     sampled : int or None
         Messages sent for this round (replies not received count as timed out).
+    known : mapping of node id to client key, optional
+        Clients known from earlier replies (``IdentityRegistry.key_of``), so that a log
+        line names the partition of a node whose reply does not say it (an error).
     """
-    out = ScreenedReplies(safeguards=safeguards, sampled=sampled)
+    out = ScreenedReplies(safeguards=safeguards, sampled=sampled, label=label)
     claims: list[float] = []
+    replies = list(replies)
+    if expected_shape is None and array_key is not None:
+        expected_shape = _majority_shape(replies, array_key)
     for msg in replies:
         out.received += 1
         node: Any = "?"
@@ -262,30 +315,58 @@ def screen_replies(
             node = msg.metadata.src_node_id
             if msg.has_error():
                 out.failed += 1
-                log(WARNING, "%s: %s replied with an error: %s", label, node,
-                    msg.error.reason)
+                log(WARNING, "%s: %s replied with an error: %s", label,
+                    describe(node, None, known), msg.error.reason)
                 continue
+            _count_value_flags(out, msg)
             reason, array, metrics = _check(msg, array_key, expected_shape)
         except Exception as exc:  # noqa: BLE001 - whatever a reply holds, the round goes on
             reason, array, metrics = f"unreadable reply ({type(exc).__name__}: {exc})", None, {}
         if reason is not None:
             out.rejected += 1
             log(WARNING, "%s: reply of %s left out: %s", label,
-                describe(node, _metrics_or_none(msg)), reason)
+                describe(node, _metrics_or_none(msg), known), reason)
             continue
-        if expected_shape is None and array is not None:
-            expected_shape = array.shape
         if array is not None:
             out.arrays.append(array)
         out.metrics.append(metrics)
         out.nodes.append(node)
-        claims.append(float(metrics[C.NUM_TRANSITIONS]))
+        size = reply_size(metrics)
+        assert size is not None  # _check refuses a reply without one
+        claims.append(float(size[1]))
     _bound_norms(out, claims, label)
     _cap_weights(out, claims, uniform, label)
     log(INFO, "%s: %d replies aggregated, %d failed, %d rejected (%d over the norm bound), "
         "%d weights capped", label, len(out.metrics), out.failed, out.rejected,
         out.norm_refused, out.weight_capped)
     return out
+
+
+def _majority_shape(replies: list[Message], array_key: str) -> tuple[int, ...] | None:
+    """The shape most replies' well-formed finite ``array_key`` arrays have (ties: the
+    first seen); ``None`` if there is none. Never raises."""
+    shapes: Counter[tuple[int, ...]] = Counter()
+    for msg in replies:
+        try:
+            if msg.has_error():
+                continue
+            record = msg.content.get(C.ARRAYS)
+            if not isinstance(record, ArrayRecord) or array_key not in record:
+                continue
+            reason, array = decode_array(record[array_key], None)
+            if reason is None and array is not None and np.all(np.isfinite(array)):
+                shapes[array.shape] += 1
+        except Exception:  # noqa: BLE001 - a crafted reply is simply not counted
+            continue
+    return shapes.most_common(1)[0][0] if shapes else None
+
+
+def _count_value_flags(out: ScreenedReplies, msg: Message) -> None:
+    """Add the reply's claimed ``value-flags`` (a count >= 0; anything else is ignored)."""
+    record = _metrics_or_none(msg)
+    value = record.get(C.VALUE_FLAGS) if record is not None else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 2**31:
+        out.value_flags = (out.value_flags or 0) + int(value)
 
 
 def _metrics_or_none(msg: Message) -> Any:
@@ -327,11 +408,12 @@ def _cap_weights(out: ScreenedReplies, claims: list[float], uniform: bool, label
     out.weights = []
     for i, claim in enumerate(claims):
         if claim > cap:
+            key = (reply_size(out.metrics[i]) or (C.NUM_TRANSITIONS,))[0]
             log(WARNING, "%s: weight of %s capped: claims %.4g %s, cap %.4g (%g x the "
                 "median claim)", label, describe(out.nodes[i], out.metrics[i]), claim,
-                C.NUM_TRANSITIONS, cap, factor)
+                key, cap, factor)
             out.weight_capped += 1
-            out.metrics[i] = {**out.metrics[i], C.NUM_TRANSITIONS: cap}
+            out.metrics[i] = {**out.metrics[i], key: cap}
             claim = cap
         out.weights.append(claim)
 
@@ -387,9 +469,11 @@ def _check(
         return f"no '{C.METRICS}' MetricRecord", None, {}
     metrics = {k: v for k, v in metrics_record.items()
                if isinstance(v, int | float) and not isinstance(v, bool)}
-    n = metrics.get(C.NUM_TRANSITIONS)
+    size = reply_size(metrics)
+    n = None if size is None else size[1]
     if n is None or not np.isfinite(n) or n <= 0:
-        return f"'{C.NUM_TRANSITIONS}' missing or not positive ({n!r})", None, {}
+        return (f"'{C.NUM_TRANSITIONS}' (or '{C.NUM_EXAMPLES}') missing or not positive "
+                f"({n!r})"), None, {}
     if not all(np.isfinite(v) for v in metrics.values()):
         return "non-finite metric values", None, {}
     if array_key is None:

@@ -1,0 +1,68 @@
+"""The ServerApp: FedQHDAvg, then FedQHDExact, each aggregate checked against numpy.
+
+The checks recompute every client's data from the seed (synthetic data: only a test
+can do this) and write ``result-file``; a failed check ends the run with an error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+from task import client_data, mse, ridge_fit
+
+from fedqhd.strategies import FedQHDAvg, FedQHDExact
+from fedqhd.strategies import contract as C
+
+app = ServerApp()
+TOLERANCE = 1e-8
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    seed, dim, ridge = int(cfg["seed"]), int(cfg["dim"]), float(cfg["ridge"])
+    rounds = int(cfg["num-server-rounds"])
+    n_nodes = len(list(grid.get_node_ids()))
+    data = [client_data(pid, seed, dim) for pid in range(n_nodes)]
+    sizes = np.array([len(y) for _, y in data], dtype=float)
+    share = sizes / sizes.sum()  # each client's weight: its num-examples
+
+    # FedQHDAvg: the size-weighted mean of the clients' ridge readouts
+    avg = FedQHDAvg(fraction_evaluate=1.0, min_available_nodes=n_nodes,
+                    min_train_nodes=n_nodes, min_evaluate_nodes=n_nodes)
+    result = avg.start(grid, C.to_array_record({C.READOUT: np.zeros((dim, 1))}),
+                       num_rounds=rounds)
+    averaged = result.arrays[C.READOUT].numpy()
+    expected = sum(p * ridge_fit(x, y, ridge) for p, (x, y) in zip(share, data, strict=True))
+    evaluated = result.evaluate_metrics_clientapp[rounds]
+    expected_mse = sum(p * mse(x, y, averaged) for p, (x, y) in zip(share, data, strict=True))
+
+    # FedQHDExact: one round = ridge on the pooled data (unbounded targets: plain regression)
+    exact = FedQHDExact(dim, 1, gamma=0.0, ridge=ridge, bounded=False,
+                        min_available_nodes=n_nodes, min_train_nodes=n_nodes)
+    pooled_result = exact.start(grid, C.to_array_record({C.READOUT: np.zeros((dim, 1))}),
+                                num_rounds=1)
+    pooled = pooled_result.arrays[C.READOUT].numpy()
+    x_all, y_all = (np.concatenate(parts) for parts in zip(*data, strict=True))
+
+    checks = {
+        "avg-error": float(np.abs(averaged - expected).max()),
+        "avg-replies-ok": int(result.train_metrics_clientapp[rounds][C.REPLIES_OK]),
+        "evaluate-mse-error": float(abs(float(evaluated["mse"]) - expected_mse)),
+        "evaluate-replies-ok": int(evaluated[f"{C.EVALUATE_PREFIX}{C.REPLIES_OK}"]),
+        "exact-error": float(np.abs(pooled - ridge_fit(x_all, y_all, ridge)).max()),
+        "exact-clients": int(pooled_result.train_metrics_clientapp[1][C.EXACT_CLIENTS]),
+    }
+    ok = (checks["avg-error"] < TOLERANCE and checks["exact-error"] < TOLERANCE
+          and checks["evaluate-mse-error"] < TOLERANCE
+          and checks["avg-replies-ok"] == checks["evaluate-replies-ok"] == n_nodes
+          and checks["exact-clients"] == n_nodes)
+    out = Path(str(cfg["result-file"]) or "strategies_only.json")
+    out.write_text(json.dumps({"ok": ok, "nodes": n_nodes, "seed": seed, **checks}, indent=2))
+    print(f"strategies_only: {'ok' if ok else 'FAILED'} {checks} -> {out}")
+    if not ok:
+        raise RuntimeError(f"an aggregate differs from its numpy reference: {checks}")

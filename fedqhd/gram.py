@@ -1,0 +1,89 @@
+"""Ridge solves from sufficient statistics, with numpy alone.
+
+This is the part of the ridge machinery that the server side needs (:class:`FedQHDExact`
+sums the clients' Grams and solves here), so it imports numpy only: the strategies work
+with the light install (``pip install fedqhd``, no scipy). Where scipy is installed the
+Cholesky factors come from LAPACK through ``scipy.linalg`` (bit-for-bit what the
+learners use); without it numpy's Cholesky factor and its inverse give the same solution
+to rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+
+Solver = Callable[[np.ndarray], np.ndarray]
+
+
+def value_range(rewards: np.ndarray, gamma: float) -> tuple[float, float]:
+    """The interval every discounted return (with or without termination) lies in.
+
+    With rewards in ``[r_min, r_max]`` a return ``sum_t gamma^t r_t`` over any
+    number of steps (0 after termination) lies in
+    ``[min(0, r_min) / (1 - gamma), max(0, r_max) / (1 - gamma)]``; the 0 is
+    there because an episode may end at once. ``rewards`` are the rewards seen
+    (an empty array gives ``(0, 0)``).
+    """
+    if not 0.0 <= gamma < 1.0:
+        raise ValueError(f"gamma must lie in [0, 1), got {gamma}")
+    r = np.asarray(rewards, dtype=np.float64)
+    r_min, r_max = (float(r.min()), float(r.max())) if r.size else (0.0, 0.0)
+    return min(0.0, r_min) / (1.0 - gamma), max(0.0, r_max) / (1.0 - gamma)
+
+
+def pooled_value_range(reward_extremes: list[np.ndarray] | np.ndarray, gamma: float
+                       ) -> tuple[float, float]:
+    """:func:`value_range` of pooled rewards, from each party's ``[min, max]``."""
+    return value_range(np.asarray(reward_extremes, dtype=np.float64).reshape(-1), gamma)
+
+
+class GramSystems:
+    """Per-action primal ridge systems ``G_a + (ridge + proximal) I``, factored once.
+
+    :meth:`solve` minimises ``||Phi_a w - y_a||^2 + ridge ||w||^2 + proximal ||w - prior_a||^2``
+    from ``G_a = Phi_a^T Phi_a`` and ``b_a = Phi_a^T y_a`` alone: the minimiser of
+    :class:`~fedqhd.readout.RidgeSystem` (primal form). Only the upper triangle of each
+    Gram is read.
+    """
+
+    def __init__(self, grams: np.ndarray | list[np.ndarray], ridge: float,
+                 proximal: float = 0.0) -> None:
+        if ridge < 0 or proximal < 0 or ridge + proximal <= 0:
+            raise ValueError(f"need ridge >= 0, proximal >= 0, ridge + proximal > 0; "
+                             f"got ridge={ridge}, proximal={proximal}")
+        self.ridge, self.proximal = float(ridge), float(proximal)
+        c = self.ridge + self.proximal
+        try:
+            from scipy.linalg import cho_factor, cho_solve
+        except ImportError:  # the light install: numpy's factor, inverted once
+            self._solvers = [_numpy_solver(gram, c) for gram in grams]
+            return
+        solvers: list[Solver] = []
+        for gram in grams:
+            shifted = np.array(gram, dtype=np.float64, order="F")
+            shifted[np.diag_indices_from(shifted)] += c
+            factor = cho_factor(shifted, lower=False, overwrite_a=True, check_finite=False)
+            solvers.append(partial(cho_solve, factor, check_finite=False))
+        self._solvers = solvers
+
+    def solve(self, rhs: np.ndarray, prior: np.ndarray | None = None) -> np.ndarray:
+        """The readout (D, |A|) from ``rhs = [Phi_a^T y_a]_a`` (D, |A|)."""
+        b = np.array(rhs, dtype=np.float64)
+        if prior is not None and self.proximal:
+            b += self.proximal * np.asarray(prior, dtype=np.float64)
+        return np.stack([solve(b[:, a]) for a, solve in enumerate(self._solvers)], axis=1)
+
+
+def _numpy_solver(gram: np.ndarray, shift: float) -> Solver:
+    """``b -> (G + shift I)^{-1} b`` from the upper triangle of ``G``, numpy only:
+    ``G + shift I = L L^T``, kept as ``L^{-1}`` so each solve is two matrix products."""
+    upper = np.triu(np.asarray(gram, dtype=np.float64))
+    shifted = upper + np.triu(upper, 1).T
+    shifted[np.diag_indices_from(shifted)] += shift
+    lower = np.linalg.cholesky(shifted)
+    inverse = np.linalg.solve(lower, np.eye(len(lower)))
+    inverse = np.tril(inverse)  # exact zeros above the diagonal
+    return lambda b: inverse.T @ (inverse @ b)

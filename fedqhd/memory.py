@@ -1,0 +1,71 @@
+"""Memory a client's fit needs, what the machine has, and the refusal when it is not
+enough: a clear message with the estimate, before anything is allocated, instead of a
+bare ``MemoryError`` (or the kernel's OOM killer) in the middle of encoding a shard.
+
+The estimates count the arrays the fit allocates (float64 features, 8 bytes a number;
+not the shard, which is loaded already):
+
+* in memory (:class:`~fedqhd.readout.RidgeFQI`): the encoded states, next states and
+  the per-action copies of the states, ``3 x n x D``, each action's Gram and its
+  Cholesky factor, ``2 x |A| x min(n, D)^2``, and rewards, continues and row indices,
+  ``3 x n``;
+* streamed (:class:`~fedqhd.readout.StreamingRidgeFQI`): each action's Gram and
+  factor, ``2 x |A| x D^2``, the chunks a sweep holds (two pairs of states and next
+  states, and the encoder's work), ``5 x chunk x D``, and the raw transitions it
+  keeps by action: float32 states and next states (``obs_dim`` numbers each) and
+  three float64/int64 numbers, ``n x (8 obs_dim + 24)`` bytes.
+
+Checked against ``tracemalloc``'s peak over construction and one sweep
+(``benchmarks/fit_memory_estimate.py``, BENCHMARKS.md): the peak lies between 0.63 and
+1.0 times the estimate; tests/test_bounds.py asserts [0.4, 1].
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["GIB", "FitMemoryError", "available_memory", "fit_memory", "format_bytes"]
+
+GIB = 1 << 30
+#: copies of the n x D feature matrix the in-memory fit holds at its peak
+IN_MEMORY_COPIES = 3
+#: chunk x D arrays the streaming fit holds at its peak
+CHUNK_COPIES = 5
+
+
+class FitMemoryError(MemoryError):
+    """A fit would need more memory than allowed; the message gives the estimate."""
+
+
+def fit_memory(n: int, dim: int, n_actions: int, streaming: bool, chunk_size: int = 4096,
+               obs_dim: int = 0) -> int:
+    """Bytes the fit of ``n`` transitions with ``dim`` features needs (module docstring)."""
+    n, dim, k = int(n), int(dim), int(n_actions)
+    if streaming:
+        return (8 * (2 * k * dim * dim + CHUNK_COPIES * min(chunk_size, max(n, 1)) * dim)
+                + n * (8 * int(obs_dim) + 24))
+    return 8 * (IN_MEMORY_COPIES * n * dim + 2 * k * min(n, dim) ** 2 + 3 * n)
+
+
+def available_memory() -> int | None:
+    """Bytes the system can give now (``MemAvailable`` of ``/proc/meminfo``, else free
+    physical pages); ``None`` if unknown (then nothing is refused)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def format_bytes(n: float) -> str:
+    """``1.5 GiB``, ``12.0 MiB``: sizes for messages."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", GIB), ("MiB", 1 << 20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} bytes"

@@ -1,0 +1,122 @@
+"""A node's privacy ledgers on disk, one per data set, so the budget holds across runs.
+
+zCDP composes by adding rho over every release of the same data, whichever run
+or process made it. A ledger kept only in memory restarts at zero with each run
+(or node restart) and lets the same trajectories be released again and again.
+:class:`LedgerStore` keeps one JSON ledger per data fingerprint (a SHA-256 of the
+shard's arrays) in a node-local directory; :meth:`LedgerStore.open` loads it
+under an exclusive file lock, lets the caller check and spend, and writes it back
+atomically (temporary file, fsync, rename), so concurrent clients of one node
+and crashes never lose a spend.
+
+Where: node-config key ``ledger-dir``, else the environment variable
+``FEDQHD_LEDGER_DIR``, else ``~/.fedqhd/ledgers``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedqhd.privacy.ledger import PrivacyLedger
+
+LEDGER_DIR_KEY = "ledger-dir"           #: node-config key naming the node's ledger directory
+LEDGER_DIR_ENV = "FEDQHD_LEDGER_DIR"    #: environment variable used when the key is absent
+DEFAULT_LEDGER_DIR = "~/.fedqhd/ledgers"
+
+
+class LedgerFileError(RuntimeError):
+    """A stored ledger cannot be read; releases of that data are refused until it is fixed."""
+
+
+def data_fingerprint(*arrays: np.ndarray) -> str:
+    """SHA-256 over the dtype, shape and bytes of every array: the same shard, the same key."""
+    digest = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        digest.update(f"{a.dtype.str}{a.shape};".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
+
+
+def ledger_dir(node_config: Mapping[str, Any]) -> Path:
+    """The node's ledger directory: node config, then environment, then the default."""
+    raw = node_config.get(LEDGER_DIR_KEY) or os.environ.get(LEDGER_DIR_ENV) or DEFAULT_LEDGER_DIR
+    return Path(str(raw)).expanduser()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Temp file (0600) in the same directory, fsync, rename, fsync the directory."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class LedgerStore:
+    """One ledger file per data fingerprint under ``directory`` (created 0700)."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory).expanduser()
+
+    def path(self, fingerprint: str) -> Path:
+        return self.directory / f"{fingerprint}.json"
+
+    def read(self, fingerprint: str) -> PrivacyLedger | None:
+        """The stored ledger of this data, or ``None`` (no lock: for reporting only)."""
+        path = self.path(fingerprint)
+        return self._load(path) if path.exists() else None
+
+    @staticmethod
+    def _load(path: Path) -> PrivacyLedger:
+        try:
+            return PrivacyLedger.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise LedgerFileError(f"privacy ledger {path} is unreadable ({exc}); releases of "
+                                  "this data are refused until it is repaired or restored") from exc
+
+    @contextlib.contextmanager
+    def open(self, fingerprint: str, budget_rho: float, delta: float, client_id: str
+             ) -> Iterator[PrivacyLedger]:
+        """The data's ledger (new or stored) with the node's current budget, locked.
+
+        Whatever the caller spends is written back atomically when the block ends,
+        also when it ends with an exception (a spend may precede a failed draw).
+        """
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.path(fingerprint)
+        lock_fd = os.open(self.directory / f".{fingerprint}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            stored = self._load(path) if path.exists() else None
+            ledger = PrivacyLedger(budget_rho, delta, client_id,
+                                   stored.entries if stored is not None else [])
+            before = len(ledger.entries)
+            try:
+                yield ledger
+            finally:
+                if len(ledger.entries) != before:
+                    record = {**ledger.to_dict(), "fingerprint": fingerprint}
+                    _write_atomic(path, json.dumps(record, indent=1))
+        finally:
+            os.close(lock_fd)  # closing releases the lock

@@ -1,0 +1,86 @@
+"""examples/strategies_only: a third-party Flower app that imports only fedqhd.strategies.
+
+Fast: its ServerApp and ClientApps in one process (InProcessGrid). Slow: under a real
+``flwr run`` (SuperLink in simulation mode, Ray, 4 SuperNodes), as its README says. Both
+read the result file the ServerApp writes after checking the aggregates numerically.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from flwr.app import Context, RecordDict
+
+from fedqhd.server.inprocess import InProcessGrid
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "strategies_only"
+BIN = Path(sys.executable).parent
+
+
+def _run_config(result: Path) -> dict:
+    config = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    return {**config["config"], "result-file": str(result)}
+
+
+@pytest.fixture
+def example(monkeypatch) -> Iterator[tuple[ModuleType, ModuleType]]:
+    """The example's (client_app, server_app) modules, imported from its folder and
+    forgotten afterwards (their names are generic)."""
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    yield importlib.import_module("client_app"), importlib.import_module("server_app")
+    for name in ("client_app", "server_app", "task"):
+        sys.modules.pop(name, None)
+
+
+def test_example_app_in_process(tmp_path: Path, example) -> None:
+    client_app, server_app = example
+    run_config = _run_config(tmp_path / "result.json")
+    grid = InProcessGrid([client_app.app] * 4, run_config)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=run_config)
+    server_app.app(grid, context)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["ok"] and result["nodes"] == 4, result
+    assert result["avg-error"] < 1e-8 and result["exact-error"] < 1e-8, result
+
+
+def test_example_app_fails_the_run_when_an_aggregate_is_wrong(tmp_path: Path, example,
+                                                              monkeypatch) -> None:
+    """The example's own check must catch a wrong aggregate (else CI proves nothing)."""
+    client_app, server_app = example
+    run_config = _run_config(tmp_path / "result.json")
+    # clients report half their size: the weighted average shifts, the check must see it
+    real = client_app.MetricRecord
+    monkeypatch.setattr(client_app, "MetricRecord", lambda m: real(
+        {**m, "num-examples": m["num-examples"] / 2 if m.get("partition-id") == 0
+         else m["num-examples"]}))
+    grid = InProcessGrid([client_app.app] * 4, run_config)
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=run_config)
+    with pytest.raises(RuntimeError, match="differs from its numpy reference"):
+        server_app.app(grid, context)
+    assert not json.loads((tmp_path / "result.json").read_text())["ok"]
+
+
+@pytest.mark.slow
+def test_example_app_under_flwr_run(tmp_path: Path, local_superlink: dict[str, str]) -> None:
+    result = tmp_path / "result.json"
+    proc = subprocess.run(
+        [str(BIN / "flwr"), "run", ".", "--stream", "--federation-config",
+         "num-supernodes=4 client-resources-num-cpus=1",
+         "--run-config", f"result-file='{result}'"],
+        cwd=EXAMPLE, env=local_superlink, capture_output=True, text=True, timeout=400)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert result.exists(), log[-4000:]
+    checks = json.loads(result.read_text())
+    assert checks["ok"] and checks["nodes"] == 4, checks
+    assert checks["avg-error"] < 1e-8 and checks["exact-error"] < 1e-8, checks

@@ -1,0 +1,108 @@
+"""Privacy that holds across runs: secure fresh noise by default, and one on-disk ledger
+per shard whose budget every run and restart of a node shares."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedqhd.client.app import app as client_app
+from fedqhd.config import RunConfig
+from fedqhd.pool import federated as pl
+from fedqhd.privacy import BudgetExceededError
+from fedqhd.privacy.store import LedgerFileError, LedgerStore, data_fingerprint
+from fedqhd.server.app import run_federation
+from fedqhd.server.inprocess import InProcessGrid
+from fedqhd.strategies import contract as C
+
+SMALL = {"learner": "pool", "env-id": "fedqhd/Inventory-v0", "num-server-rounds": 1,
+         "pool-trajectories": 200, "pool-eval-episodes": 200, "num-anchors": 200,
+         "anchor-source": "uniform", "min-nodes": 2}
+
+
+def _cfg(tmp_path: Path, **changes: object) -> RunConfig:
+    return RunConfig.from_run_config({**SMALL, "output-dir": str(tmp_path), **changes})
+
+
+def _release(cfg: RunConfig, pid: int = 0, **node: object):
+    return pl.release(cfg, pid, pl.ClientPrivacy.of(cfg, dict(node)))
+
+
+def test_the_app_default_is_secure_fresh_noise_recorded_in_the_reply(tmp_path):
+    cfg = _cfg(tmp_path)
+    assert cfg.pool_noise == "opendp" and cfg.reproducible_noise is False
+    counts, ledger = _release(cfg)
+    assert counts.noise == "opendp-discrete-gaussian"
+    metrics = pl.ledger_metrics(counts, ledger, 0, cfg)
+    assert metrics[C.NOISE_SECURE] == 1 and metrics[C.NOISE_REPRODUCIBLE] == 0
+    assert all(e["secure"] and not e["reproducible"] for e in ledger.entries)
+
+
+def test_numpy_noise_is_fresh_unless_the_run_asks_for_reproducible_noise(tmp_path):
+    fresh = _cfg(tmp_path, **{"pool-noise": "numpy"})
+    a, led = _release(fresh)
+    b, _ = _release(fresh)  # same run config, same shard: an attacker's regeneration
+    assert not np.array_equal(a.n_sas, b.n_sas)
+    assert a.noise == "numpy-fresh-entropy (NOT secure)"
+    assert pl.ledger_metrics(a, led, 0, fresh)[C.NOISE_REPRODUCIBLE] == 0
+
+    seeded = _cfg(tmp_path, **{"pool-noise": "numpy", "reproducible-noise": True})
+    c, led = _release(seeded)
+    d, _ = _release(seeded)
+    np.testing.assert_array_equal(c.n_sa, d.n_sa)
+    np.testing.assert_array_equal(c.n_sas, d.n_sas)
+    assert c.noise == "numpy-seeded (NOT secure)"
+    assert pl.ledger_metrics(c, led, 0, seeded)[C.NOISE_REPRODUCIBLE] == 1
+    assert led.entries[-1]["reproducible"] is True
+
+
+def test_releases_of_one_shard_share_one_budget_on_disk(tmp_path, private_ledger_dir):
+    cfg = _cfg(tmp_path, **{"pool-noise": "numpy", "pool-rho": 4.0})  # budget 10
+    _release(cfg)
+    _, second = _release(cfg)  # a new run (or restarted node) on the same shard
+    assert second.rho_spent == pytest.approx(8.0)
+    with pytest.raises(BudgetExceededError, match=r"rho=4 refused; spent 8 of budget 10"):
+        _release(cfg)
+    _, other = _release(cfg, pid=1)  # a different shard has its own ledger
+    assert other.rho_spent == pytest.approx(4.0)
+    files = sorted(private_ledger_dir.glob("*.json"))
+    assert len(files) == 2
+    stored = [json.loads(f.read_text()) for f in files]
+    assert sorted(s["rho_spent"] for s in stored) == [4.0, 8.0]
+    # a node-config directory is honoured, and starts its own ledgers
+    _, elsewhere = _release(cfg, **{"ledger-dir": str(tmp_path / "node-a")})
+    assert elsewhere.rho_spent == pytest.approx(4.0)
+    assert len(list((tmp_path / "node-a").glob("*.json"))) == 1
+
+
+def test_a_release_beyond_the_budget_is_a_failed_reply_in_a_new_run(tmp_path):
+    cfg = _cfg(tmp_path, **{"pool-noise": "numpy", "reproducible-noise": True})  # deterministic
+    nodes = [{"rho": 6.0}, {"rho": 1.0}]  # budget 10: client 0 fits once, client 1 ten times
+
+    def run() -> dict:
+        grid = InProcessGrid([client_app] * 2, run_config=cfg.to_run_config(),
+                             node_configs=nodes)
+        _, out_dir = run_federation(grid, cfg)
+        return json.loads((out_dir / "results.json").read_text())
+
+    first, second = run(), run()
+    assert first["rounds"][0][C.REPLIES_OK] == 2
+    row = second["rounds"][0]
+    assert row[C.REPLIES_OK] == 1 and row[C.REPLIES_FAILED] == 1
+    assert second["final"]["privacy-ledgers"]["1"]["rho-spent"] == pytest.approx(2.0)
+    assert "0" not in second["final"]["privacy-ledgers"]
+
+
+def test_an_unreadable_ledger_refuses_the_release(tmp_path, private_ledger_dir):
+    store = LedgerStore(private_ledger_dir)
+    fp = data_fingerprint(np.arange(3))
+    assert fp != data_fingerprint(np.arange(3.0)) and fp == data_fingerprint(np.arange(3))
+    with store.open(fp, 1.0, 1e-5, "c") as ledger:
+        ledger.spend(0.5)
+    assert store.read(fp).rho_spent == 0.5
+    store.path(fp).write_text("{not json")
+    with pytest.raises(LedgerFileError, match="unreadable"), store.open(fp, 1.0, 1e-5, "c"):
+        pass
