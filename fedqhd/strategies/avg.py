@@ -7,7 +7,7 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -82,10 +82,23 @@ class FedQHDAvg(FunctionSpaceStrategy):
         self.readout_shape = None if readout_shape is None else tuple(readout_shape)
         #: client key -> (readout, weight) of its latest accepted reply (aggregate="latest")
         self._latest: dict[ClientKey, tuple[np.ndarray, float]] = {}
+        #: after a resume: send each client its stored reply once (its lost ADMM memory)
+        self._resend_latest = False
 
     def summary(self) -> None:
         super().summary()
         log(INFO, "\t└──> Aggregate: %s replies", self.aggregate)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {**super().checkpoint_state(), "readout-shape": self.readout_shape,
+                "latest": dict(self._latest)}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        super().restore_state(state)
+        shape = state["readout-shape"]
+        self.readout_shape = None if shape is None else tuple(shape)
+        self._latest = {key: (np.asarray(a), float(w)) for key, (a, w) in state["latest"].items()}
+        self._resend_latest = bool(self._latest)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -94,7 +107,24 @@ class FedQHDAvg(FunctionSpaceStrategy):
             raise ValueError(f"FedQHDAvg needs the global '{C.READOUT}' array in its "
                              f"ArrayRecord; got keys {list(arrays.keys())}")
         self.readout_shape = tuple(arrays[C.READOUT].shape)
-        return super().configure_train(server_round, arrays, config, grid)
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        if self._resend_latest:
+            self._resend_latest = False
+            messages = [self._with_last_reply(msg, arrays) for msg in messages]
+        return messages
+
+    def _with_last_reply(self, msg: Message, arrays: ArrayRecord) -> Message:
+        """``msg`` plus the stored reply of the client bound to its node, if any: the first
+        round after a resume gives ADMM clients back their memory (their dual is their
+        last reply minus the global readout)."""
+        node = msg.metadata.dst_node_id
+        key = self.identities.key_of.get(node)
+        if key is None or key not in self._latest:
+            return msg
+        record = C.to_array_record({C.READOUT: arrays[C.READOUT].numpy(),
+                                    C.LAST_REPLY: self._latest[key][0]})
+        content = RecordDict({C.ARRAYS: record, C.CONFIG: msg.content[C.CONFIG]})
+        return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -101,6 +101,25 @@ class FedQHDExact(FunctionSpaceStrategy):
         log(INFO, "\t└──> Exact pooled ridge FQI: ridge %s, proximal %s, bounded %s",
             self.ridge, self.proximal, self.bounded)
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {**super().checkpoint_state(), "grams": self._grams, "have": dict(self._have),
+                "rhs": dict(self._rhs), "extremes": dict(self._extremes),
+                "prior": self._prior, "readout": self._readout, "want-rhs": self._want_rhs}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        super().restore_state(state)
+        grams = np.asarray(state["grams"], dtype=np.float64)
+        if grams.shape != self._grams.shape:
+            raise ValueError(f"checkpointed Grams have shape {grams.shape}, expected "
+                             f"{self._grams.shape}")
+        self._grams = grams.copy()
+        self._have = {int(k): int(v) for k, v in state["have"].items()}
+        self._rhs = {int(k): np.asarray(v) for k, v in state["rhs"].items()}
+        self._extremes = {int(k): np.asarray(v) for k, v in state["extremes"].items()}
+        self._prior, self._readout = state["prior"], state["readout"]
+        self._want_rhs = bool(state["want-rhs"])
+        self._systems = None  # refactored from the Grams when next needed
+
     @property
     def q_range(self) -> tuple[float, float] | None:
         """The pooled value range (None before any reply, or when unbounded)."""
