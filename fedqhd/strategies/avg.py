@@ -82,8 +82,9 @@ class FedQHDAvg(FunctionSpaceStrategy):
         self.readout_shape = None if readout_shape is None else tuple(readout_shape)
         #: client key -> (readout, weight) of its latest accepted reply (aggregate="latest")
         self._latest: dict[ClientKey, tuple[np.ndarray, float]] = {}
-        #: after a resume: send each client its stored reply once (its lost ADMM memory)
-        self._resend_latest = False
+        #: after a resume: clients whose stored reply is sent with every train message until
+        #: they reply (the memory an ADMM client lost with its process)
+        self._owed: set[ClientKey] = set()
 
     def summary(self) -> None:
         super().summary()
@@ -98,7 +99,7 @@ class FedQHDAvg(FunctionSpaceStrategy):
         shape = state["readout-shape"]
         self.readout_shape = None if shape is None else tuple(shape)
         self._latest = {key: (np.asarray(a), float(w)) for key, (a, w) in state["latest"].items()}
-        self._resend_latest = bool(self._latest)
+        self._owed = set(self._latest)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -108,18 +109,17 @@ class FedQHDAvg(FunctionSpaceStrategy):
                              f"ArrayRecord; got keys {list(arrays.keys())}")
         self.readout_shape = tuple(arrays[C.READOUT].shape)
         messages = list(super().configure_train(server_round, arrays, config, grid))
-        if self._resend_latest:
-            self._resend_latest = False
+        if self._owed:
             messages = [self._with_last_reply(msg, arrays) for msg in messages]
         return messages
 
     def _with_last_reply(self, msg: Message, arrays: ArrayRecord) -> Message:
-        """``msg`` plus the stored reply of the client bound to its node, if any: the first
-        round after a resume gives ADMM clients back their memory (their dual is their
-        last reply minus the global readout)."""
+        """``msg`` plus the stored reply of the client bound to its node, if it is owed one:
+        after a resume ADMM clients get their memory back (their dual is their last reply
+        minus the global readout)."""
         node = msg.metadata.dst_node_id
         key = self.identities.key_of.get(node)
-        if key is None or key not in self._latest:
+        if key is None or key not in self._owed or key not in self._latest:
             return msg
         record = C.to_array_record({C.READOUT: arrays[C.READOUT].numpy(),
                                     C.LAST_REPLY: self._latest[key][0]})
@@ -137,6 +137,7 @@ class FedQHDAvg(FunctionSpaceStrategy):
             for key, array, weight in zip(keys, screened.arrays, screened.weights,
                                           strict=True):
                 self._latest[key] = (array, weight)
+                self._owed.discard(key)  # it replied: it holds its memory again
             for key in [k for k in self._latest if k not in self.identities.owner]:
                 del self._latest[key]  # silent for stale_rounds rounds: aged out
         metrics = screened.round_metrics()
