@@ -205,3 +205,36 @@ def test_state_codec_and_random_states_round_trip():
     expected = (random.random(), np.random.random())
     restore_rng(_unpack(json.loads(json.dumps(saved)), arrays))
     assert (random.random(), np.random.random()) == expected
+
+
+def test_identity_bindings_survive_a_checkpoint():
+    """A partition bound before the checkpoint stays bound after it: a second node
+    claiming it is refused by the resumed strategy."""
+    from fedqhd.strategies import FedQHDAvg
+
+    before = FedQHDAvg(aggregate="latest")
+    before.identities.set_connected([1001, 1002])
+    assert before.identities.claim(1001, ("partition", 0), 1) is None
+    arrays: dict[str, np.ndarray] = {}
+    state = _unpack(json.loads(json.dumps(_pack(before.checkpoint_state(), arrays))), arrays)
+    after = FedQHDAvg(aggregate="latest")
+    after.restore_state(state)
+    assert "bound to node 1001" in after.identities.claim(1002, ("partition", 0), 2)
+    assert after.identities.claim(1001, ("partition", 0), 2) is None
+
+
+def test_exact_refuses_to_continue_with_other_node_ids():
+    """FedQHDExact keys Grams by node id: after a resume under new ids it would count every
+    client twice, so it stops with the reason."""
+    from fedqhd.strategies import FedQHDExact
+
+    before = FedQHDExact(4, 2, gamma=0.9, ridge=1.0)
+    before._have = {1000: 10, 1001: 12}
+    arrays: dict[str, np.ndarray] = {}
+    state = _unpack(json.loads(json.dumps(_pack(before.checkpoint_state(), arrays))), arrays)
+    after = FedQHDExact(4, 2, gamma=0.9, ridge=1.0)
+    after.restore_state(state)
+    with pytest.raises(ValueError, match=r"node\(s\) \[1000, 1001\], which are not connected"):
+        after._check_resumed_nodes({7, 8})
+    after.restore_state(state)
+    after._check_resumed_nodes({1000, 1001, 1002})  # the same nodes (and a new one): fine

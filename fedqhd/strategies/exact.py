@@ -95,6 +95,8 @@ class FedQHDExact(FunctionSpaceStrategy):
         self._prior: np.ndarray | None = None
         self._readout: np.ndarray | None = None
         self._want_rhs = False
+        #: after a resume: the nodes whose Grams the checkpoint holds (checked once)
+        self._resumed_nodes: set[int] | None = None
 
     def summary(self) -> None:
         super().summary()
@@ -119,6 +121,7 @@ class FedQHDExact(FunctionSpaceStrategy):
         self._prior, self._readout = state["prior"], state["readout"]
         self._want_rhs = bool(state["want-rhs"])
         self._systems = None  # refactored from the Grams when next needed
+        self._resumed_nodes = set(self._have)
 
     @property
     def q_range(self) -> tuple[float, float] | None:
@@ -137,6 +140,8 @@ class FedQHDExact(FunctionSpaceStrategy):
         if readout.shape != (self.dim, self.n_actions):
             raise ValueError(f"global readout has shape {readout.shape}, expected "
                              f"{(self.dim, self.n_actions)}")
+        if self._resumed_nodes is not None:
+            self._check_resumed_nodes(set(grid.get_node_ids()))
         if self._prior is None:
             self._prior = readout.copy()
         self._readout = readout
@@ -212,6 +217,16 @@ class FedQHDExact(FunctionSpaceStrategy):
                         np.zeros((self.dim, self.n_actions)))
         readout = self._systems.solve(rhs_total, self._prior)
         return C.to_array_record({C.READOUT: readout}), metrics_out
+
+    def _check_resumed_nodes(self, connected: set[int]) -> None:
+        """Clients are keyed by node id: a resumed run whose nodes came back under other
+        ids would add their Grams a second time, so it stops instead."""
+        missing, self._resumed_nodes = (self._resumed_nodes or set()) - connected, None
+        if missing:
+            raise ValueError(f"FedQHDExact cannot continue: the checkpointed Grams belong to "
+                             f"node(s) {sorted(missing)}, which are not connected (now: "
+                             f"{sorted(connected)}); nodes that return under new ids would "
+                             "be counted twice. Start the run again")
 
     def _check_statistics(self, msg: Message, node: int, metrics: dict[str, float]
                           ) -> tuple[str | None, np.ndarray | None, np.ndarray | None]:
