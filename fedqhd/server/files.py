@@ -34,7 +34,7 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     """Replace ``path`` by ``data`` atomically and durably."""
     path = Path(path)
     payload = data.encode() if isinstance(data, str) else data
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp")  # one writer per run folder: the ServerApp
     try:
         with open(tmp, "wb") as fh:
             fh.write(payload)
