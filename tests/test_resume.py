@@ -29,7 +29,7 @@ from fedqhd.server.checkpoint import (
     restore_rng,
 )
 from fedqhd.server.inprocess import InProcessGrid
-from fedqhd.server.results import RESULTS, ROUNDS
+from fedqhd.server.results import RESULTS, ROUNDS, read_rounds
 from fedqhd.server.resume import open_resume
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +97,7 @@ def test_resume_after_kill_equals_uninterrupted_run(tmp_path):
     assert Checkpoint.load(run_dir).round == KILLED_IN - 1
     with open(run_dir / ROUNDS, "a") as fh:  # a row torn by the kill: cut on resume
         fh.write('{"round": 3, "return-me')
+    assert [r["round"] for r in read_rounds(run_dir)] == list(range(1, KILLED_IN))
 
     seen: list[int] = []  # the rounds the resumed run's clients are told
 

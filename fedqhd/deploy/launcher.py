@@ -455,6 +455,14 @@ class LocalDeployment:
         """``flwr run`` against this deployment; returns its ``results.json``."""
         return self.wait_run(self.submit(run_config), timeout_s)
 
+    def latest_run_dir(self) -> Path | None:
+        """The newest run folder created since the last :meth:`submit` (read its rounds so
+        far with :func:`fedqhd.server.results.read_rounds`)."""
+        since = self._run_started - 1.0
+        found = [p.parent for p in self.output_dir.glob("*/*/run_config.json")
+                 if p.stat().st_mtime >= since]
+        return max(found, key=lambda p: (p / "run_config.json").stat().st_mtime) if found else None
+
     def latest_results(self) -> Path | None:
         """The newest ``results.json`` written since the last :meth:`submit`."""
         since = self._run_started - 1.0

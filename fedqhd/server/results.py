@@ -33,6 +33,24 @@ def new_run_dir(root: str | Path) -> Path:
     return path
 
 
+def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
+    """The rounds a run has recorded: ``results.json``'s once it has ended, else the
+    complete lines of ``rounds.jsonl`` (a run still going, or killed; a line torn by a
+    kill is left out)."""
+    run_dir = Path(run_dir)
+    if (run_dir / RESULTS).is_file():
+        return list(json.loads((run_dir / RESULTS).read_text())["rounds"])
+    if not (run_dir / ROUNDS).is_file():
+        return []
+    rows = []
+    for line in (run_dir / ROUNDS).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break  # the last line, cut short
+    return rows
+
+
 class RunRecorder:
     """Collects one row per round and writes the run's files.
 
