@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedqhd.files import append_line, atomic_write
 from fedqhd.server.checkpoint import Checkpoint, capture_rng
-from fedqhd.server.files import append_line, atomic_write
 
 ROW = {"round": 1, "return-mean": 123.4, "return-std": 5.6, "bellman-residual": 0.61,
        "consensus-gap": 0.5, "num-transitions": 1260, **{f"replies-{k}": 10 for k in

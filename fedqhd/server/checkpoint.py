@@ -1,7 +1,7 @@
 """The run's checkpoint: what the ServerApp needs to continue a stopped run exactly.
 
 After every round the ServerApp writes ``checkpoint.npz`` in the run folder
-(atomically, :func:`fedqhd.server.files.atomic_write`): the global arrays, the
+(atomically, :func:`fedqhd.files.atomic_write`): the global arrays, the
 strategy's memory (:meth:`checkpoint_state` of the fedqhd strategies), the round,
 the global random states (Python's ``random``, which Flower's node sampling uses,
 and numpy's legacy global stream), the run config, and how many rows and bytes of
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fedqhd.server.files import atomic_save
+from fedqhd.files import atomic_save
 
 CHECKPOINT = "checkpoint.npz"   #: file name in the run folder
 FORMAT = 1                      #: bump when the layout changes

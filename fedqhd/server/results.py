@@ -1,7 +1,7 @@
 """Per-run results: ``<output-dir>/<date>/<time>/`` with the run config, one JSON line
 per round appended to ``rounds.jsonl`` (a crash keeps what was done), and at the end
 ``results.json`` (every round and the final entry), the final model and a
-learning-curve PNG. Every file is written atomically (:mod:`fedqhd.server.files`)."""
+learning-curve PNG. Every file is written atomically (:mod:`fedqhd.files`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from fedqhd import __version__
 from fedqhd.config import RunConfig
-from fedqhd.server.files import append_line, atomic_save, atomic_write
+from fedqhd.files import append_line, atomic_save, atomic_write
 
 ROUNDS = "rounds.jsonl"    #: one JSON object per round, appended as rounds end
 RESULTS = "results.json"   #: the run's rounds and its final entry, written when it ends

@@ -24,8 +24,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedqhd.config import RunConfig
+from fedqhd.files import fsync_dir
 from fedqhd.server.checkpoint import Checkpoint, CheckpointError, config_differences
-from fedqhd.server.files import fsync_dir
 from fedqhd.server.results import ROUNDS
 
 

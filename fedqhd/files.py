@@ -1,5 +1,5 @@
-"""Crash-safe file writes for a run folder: a reader (or a resumed run) sees either the
-old file or the new one, never a torn one, even after a power cut.
+"""Crash-safe file writes (a run folder, a node's privacy ledgers): a reader (or a resumed
+run) sees either the old file or the new one, never a torn one, even after a power cut.
 
 ``atomic_write`` writes a temporary file in the same folder, flushes and fsyncs it,
 renames it over the target and fsyncs the folder (so the rename itself is durable).
@@ -30,13 +30,16 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Replace ``path`` by ``data`` atomically and durably."""
+def atomic_write(path: Path, data: bytes | str, private: bool = False) -> None:
+    """Replace ``path`` by ``data`` atomically and durably; ``private``: the file is
+    created 0600 (never readable by others, not even for a moment)."""
     path = Path(path)
     payload = data.encode() if isinstance(data, str) else data
-    tmp = path.with_name(f"{path.name}.tmp")  # one writer per run folder: the ServerApp
+    tmp = path.with_name(f"{path.name}.tmp")  # one writer per file (run folder: the ServerApp)
     try:
-        with open(tmp, "wb") as fh:
+        tmp.unlink(missing_ok=True)  # a leftover of a crash may have other permissions
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o666)
+        with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
