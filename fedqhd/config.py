@@ -166,6 +166,10 @@ class RunConfig:
     round_timeout: float = field(default=600.0, metadata=_key(
         _float_range(0.0, 1e6, lo_open=True),
         "seconds to wait for a round's replies; late or lost ones count as timed out"))
+    resume_from: str = field(default="", metadata=_key(
+        lambda v: None, "a stopped run's folder: continue it from its last checkpoint "
+        "(same config but num-server-rounds, output-dir, round-timeout, node-wait-timeout); "
+        "offline fqi only; empty: a new run"))
     # ---- safeguards against faulty or malicious clients ----
     aggregation: str = field(default="mean", metadata=_key(
         _choice(AGGREGATIONS), "how replies (readouts, anchor Q-values, evaluation metrics) "
@@ -339,6 +343,14 @@ class RunConfig:
         if self.epsilon_floor > self.epsilon_start:
             raise ConfigError(f"run-config keys 'epsilon-floor' ({self.epsilon_floor}) and "
                               f"'epsilon-start' ({self.epsilon_start}): need floor <= start")
+        if self.resume_from and (self.protocol == "online" or self.learner != "fqi"):
+            raise ConfigError(
+                f"run-config key 'resume-from' needs 'learner' = 'fqi' and 'protocol' = "
+                f"'offline', got {self.learner!r} and {self.protocol!r}: "
+                + ("online clients' buffers live only in their processes"
+                   if self.protocol == "online" else
+                   "a POOL client's release lives only in its node state, and releasing "
+                   "again would spend its privacy budget again"))
         problem = get_learner(self.learner_key).check_config(self)
         if problem:
             raise ConfigError(problem)

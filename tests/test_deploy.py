@@ -27,6 +27,7 @@ from fedqhd.deploy.audit import audit_env, read_audit, touched_under
 from fedqhd.deploy.certs import make_credentials, make_supernode_key
 from fedqhd.deploy.compose import FLWR_VERSION, render_compose
 from fedqhd.deploy.launcher import CONNECTION, DeploymentError, LocalDeployment, free_port
+from fedqhd.server.results import read_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -316,9 +317,9 @@ def test_supernode_killed_mid_run_then_rejoins(deployment: LocalDeployment) -> N
     run = deployment.submit({"num-server-rounds": 5, "min-nodes": 2, **FAST})
     deadline = time.monotonic() + 240
 
-    def rows() -> list[dict[str, object]]:
-        found = deployment.latest_results()
-        return _rows(found) if found else []
+    def rows() -> list[dict[str, object]]:  # rounds.jsonl while the run goes on
+        found = deployment.latest_run_dir()
+        return read_rounds(found) if found else []
 
     while not rows() and time.monotonic() < deadline:
         assert run.alive(), run.log_tail()

@@ -72,6 +72,7 @@ def test_releases_of_one_shard_share_one_budget_on_disk(tmp_path, private_ledger
     assert len(files) == 2
     stored = [json.loads(f.read_text()) for f in files]
     assert sorted(s["rho_spent"] for s in stored) == [4.0, 8.0]
+    assert all(f.stat().st_mode & 0o077 == 0 for f in files)  # what a node spent is its own
     # a node-config directory is honoured, and starts its own ledgers
     _, elsewhere = _release(cfg, **{"ledger-dir": str(tmp_path / "node-a")})
     assert elsewhere.rho_spent == pytest.approx(4.0)

@@ -225,8 +225,9 @@ def _shard_files(path: Path) -> list[Path]:
     return sorted(path.glob("shard-*.npz"), key=lambda p: (len(p.name), p.name))
 
 
-def cmd_inspect(args: argparse.Namespace) -> int:
-    """Validate and summarise ``args.path`` (file or folder); return the exit code."""
+def _env_and_shard_files(args: argparse.Namespace) -> list[Path] | int:
+    """Import ``--env-module``, check ``--env`` and list the shard files at ``args.path``;
+    an exit code (after saying why) when one of those fails."""
     problem = _load_env(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
@@ -235,6 +236,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if not files:
         print(f"error: {args.path}: no shard-*.npz files", file=sys.stderr)
         return 1
+    return files
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Validate and summarise ``args.path`` (file or folder); return the exit code."""
+    files = _env_and_shard_files(args)
+    if isinstance(files, int):
+        return files
     for file in files:
         try:
             shard = load_shard(file, expected_env_id=args.env,
@@ -331,14 +340,9 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the shards at ``args.path`` as the Minari dataset ``args.minari``."""
-    problem = _load_env(args)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    files = _shard_files(args.path)
-    if not files:
-        print(f"error: {args.path}: no shard-*.npz files", file=sys.stderr)
-        return 1
+    files = _env_and_shard_files(args)
+    if isinstance(files, int):
+        return files
     try:
         from fedqhd.data.minari_io import export_to_minari
 

@@ -521,14 +521,28 @@ class LocalDeployment:
         return self.wait_run(self.submit(run_config), timeout_s)
 
     def current_rounds(self) -> list[dict[str, Any]]:
-        """The round rows of the current run's ``results.json`` so far (none yet: [])."""
-        path = self.latest_results()
-        if path is None:
+        """The round rows of the current run so far (``rounds.jsonl`` while it runs,
+        ``results.json`` once it has ended; none yet: [])."""
+        from fedqhd.server.results import read_rounds
+
+        run_dir = self.latest_run_dir()
+        if run_dir is None:
+            results = self.latest_results()
+            run_dir = results.parent if results is not None else None
+        if run_dir is None:
             return []
         try:
-            return list(json.loads(path.read_text()).get("rounds", []))
-        except (OSError, ValueError):  # replaced while we read it: next time
+            return read_rounds(run_dir)
+        except (OSError, ValueError, KeyError):  # replaced while we read it: next time
             return []
+
+    def latest_run_dir(self) -> Path | None:
+        """The newest run folder created since the last :meth:`submit` (read its rounds so
+        far with :func:`fedqhd.server.results.read_rounds`)."""
+        since = self._run_started - 1.0
+        found = [p.parent for p in self.output_dir.glob("*/*/run_config.json")
+                 if p.stat().st_mtime >= since]
+        return max(found, key=lambda p: (p / "run_config.json").stat().st_mtime) if found else None
 
     def latest_results(self) -> Path | None:
         """The newest ``results.json`` written since the last :meth:`submit`."""

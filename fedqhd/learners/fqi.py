@@ -419,8 +419,9 @@ class FQI:
         if C.READOUT in arrays and uses_admm(cfg):
             # identifies the client to the server's latest-reply memory across node restarts
             metrics[C.PARTITION_ID] = partition(context)[0]
+            # its memory, or after a resumed server's restart the copy the server kept
             last = (context.state[STATE_ADMM]["reply"].numpy()  # type: ignore[union-attr]
-                    if STATE_ADMM in context.state else None)
+                    if STATE_ADMM in context.state else arrays.get(C.LAST_REPLY))
             reply, step = learner.consensus_step(arrays[C.READOUT], cfg.local_iterations, last)
             context.state[STATE_ADMM] = C.to_array_record({"reply": reply})
             return {C.READOUT: reply}, {**metrics, **step}

@@ -20,13 +20,13 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedqhd.files import atomic_write
 from fedqhd.privacy.ledger import PrivacyLedger
 
 LEDGER_DIR_KEY = "ledger-dir"           #: node-config key naming the node's ledger directory
@@ -52,25 +52,6 @@ def ledger_dir(node_config: Mapping[str, Any]) -> Path:
     """The node's ledger directory: node config, then environment, then the default."""
     raw = node_config.get(LEDGER_DIR_KEY) or os.environ.get(LEDGER_DIR_ENV) or DEFAULT_LEDGER_DIR
     return Path(str(raw)).expanduser()
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Temp file (0600) in the same directory, fsync, rename, fsync the directory."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class LedgerStore:
@@ -117,6 +98,6 @@ class LedgerStore:
             finally:
                 if len(ledger.entries) != before:
                     record = {**ledger.to_dict(), "fingerprint": fingerprint}
-                    _write_atomic(path, json.dumps(record, indent=1))
+                    atomic_write(path, json.dumps(record, indent=1), private=True)
         finally:
             os.close(lock_fd)  # closing releases the lock

@@ -19,7 +19,9 @@ from flwr.serverapp import Grid, ServerApp
 from fedqhd.config import ConfigError, RunConfig
 from fedqhd.learners import get_learner
 from fedqhd.seeding import seed_globals
+from fedqhd.server.checkpoint import Checkpoint, CheckpointError, capture_rng, restore_rng
 from fedqhd.server.results import RunRecorder, new_run_dir
+from fedqhd.server.resume import RoundOffset, open_resume
 from fedqhd.server.window import for_simulation
 from fedqhd.strategies import contract as C
 
@@ -39,8 +41,12 @@ def main(grid: Grid, context: Context) -> None:
     except ConfigError as exc:
         log(ERROR, "fedqhd: invalid run config, the run stops: %s", exc)
         raise
-    # Flower's simulation polls every stored message per node: keep few stored at once
-    final, out_dir = run_federation(for_simulation(grid, cfg.sim_window), cfg)
+    try:
+        # Flower's simulation polls every stored message per node: keep few stored at once
+        final, out_dir = run_federation(for_simulation(grid, cfg.sim_window), cfg)
+    except CheckpointError as exc:
+        log(ERROR, "fedqhd: cannot resume, the run stops: %s", exc)
+        raise
     if final.get("status") == "failed":
         # Flower 1.42 logs a ServerApp exception, marks the run "finished:failed" with the
         # message as its details, and exits flwr-serverapp with a non-zero code
@@ -79,47 +85,81 @@ def run_status(rows: list[dict[str, Any]], cfg: RunConfig) -> dict[str, Any]:
 def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
     """Run ``cfg.num_server_rounds`` rounds on ``grid``; returns (final entry, run folder).
 
+    After every round the run's checkpoint is written (:mod:`fedqhd.server.checkpoint`);
+    with ``cfg.resume_from`` the run continues from the checkpoint of that folder, in
+    that folder, and ends as the uninterrupted run would (:class:`CheckpointError` if it
+    cannot).
+
     ``final["status"]`` is ``"failed"`` (with ``final["reason"]``) when no round
     aggregated a reply or too few replies were accepted (``min-success-fraction``); an
     exception during the rounds is recorded the same way and raised again.
     """
     seed_globals(cfg.seed)  # Flower samples nodes with Python's random
-    out_dir = new_run_dir(cfg.output_dir)
-    log(INFO, "fedqhd: results of this run go to %s", out_dir)
+    resume = open_resume(cfg) if cfg.resume_from else None
+    out_dir = resume.run_dir if resume is not None else new_run_dir(cfg.output_dir)
     learner = get_learner(cfg.learner_key)
     plan = learner.server_plan(cfg, **strategy_kwargs(cfg))
-    recorder = RunRecorder(cfg, out_dir, plan.run_info)
-    latest = {"arrays": plan.initial_arrays}
+    restore = getattr(plan.strategy, "restore_state", None)
+    snapshot = getattr(plan.strategy, "checkpoint_state", None)
+    done, initial, resumes = 0, plan.initial_arrays, []
+    if resume is not None:
+        if restore is None:
+            raise CheckpointError(f"resume-from: the strategy {type(plan.strategy).__name__} "
+                                  "keeps no checkpoint state")
+        ckpt = resume.checkpoint
+        try:
+            restore(ckpt.strategy)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"resume-from {out_dir}: the checkpoint's strategy state "
+                                  f"does not fit this run ({type(exc).__name__}: {exc})") from None
+        done, initial, resumes = ckpt.round, C.to_array_record(ckpt.arrays), ckpt.resumes + [
+            ckpt.round]
+        restore_rng(ckpt.rng)  # last: building the plan may draw from the global streams
+        log(INFO, "fedqhd: resuming %s after round %d of %d", out_dir, done,
+            cfg.num_server_rounds)
+    else:
+        log(INFO, "fedqhd: results of this run go to %s", out_dir)
+    recorder = RunRecorder(cfg, out_dir, plan.run_info,
+                           rows=resume.rows if resume is not None else None,
+                           rows_bytes=resume.checkpoint.rows_bytes if resume is not None else 0)
+    latest = {"arrays": initial}
 
-    def after_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+    def after_round(flower_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         latest["arrays"] = arrays
-        if server_round == 0:
+        if flower_round == 0:
             return None
+        server_round = flower_round + done
         metrics = plan.evaluate(arrays) if plan.evaluate is not None else None
         row: dict[str, Any] = {"round": server_round}
         for record in (plan.strategy.last_train_metrics,  # type: ignore[attr-defined]
                        plan.strategy.last_evaluate_metrics, metrics):  # type: ignore[attr-defined]
             row.update(dict(record.items()) if record is not None else {})
         recorder.record_round(row)
+        if snapshot is not None:
+            Checkpoint(round=server_round, config=cfg.to_run_config(),
+                       arrays=C.from_array_record(arrays), strategy=snapshot(),
+                       rng=capture_rng(), rows=len(recorder.rounds),
+                       rows_bytes=recorder.rows_bytes, resumes=resumes).save(out_dir)
         log(INFO, "%s round %d/%d: %s", learner.log_label, server_round, cfg.num_server_rounds,
             learner.round_line(cfg, row))
         return metrics
 
+    strategy = plan.strategy if resume is None else RoundOffset(plan.strategy, done)
+    extra: dict[str, Any] = {"resumed-after-rounds": resumes} if resumes else {}
     try:
-        result = plan.strategy.start(grid, plan.initial_arrays, num_rounds=cfg.num_server_rounds,
-                                     timeout=cfg.round_timeout, train_config=ConfigRecord({}),
-                                     evaluate_fn=after_round)
+        strategy.start(grid, initial, num_rounds=cfg.num_server_rounds - done,
+                       timeout=cfg.round_timeout, train_config=ConfigRecord({}),
+                       evaluate_fn=after_round)
     except Exception as exc:
         status = run_status(recorder.rounds, cfg)
-        status.update(status="failed", reason=f"{type(exc).__name__}: {exc}")
+        status.update(status="failed", reason=f"{type(exc).__name__}: {exc}", **extra)
         recorder.finish(C.from_array_record(latest["arrays"]), status)
         log(ERROR, "fedqhd: run failed after %d round(s): %s; results in %s",
             len(recorder.rounds), status["reason"], out_dir)
         raise
     status = run_status(recorder.rounds, cfg)
     report = learner.final_report(plan, recorder.rounds) or {}
-    final = recorder.finish(C.from_array_record(result.arrays or plan.initial_arrays),
-                            {**status, **report})
+    final = recorder.finish(C.from_array_record(latest["arrays"]), {**status, **report, **extra})
     log(INFO, "fedqhd: final greedy return %.1f +- %.1f after %s rounds; results in %s",
         final["return-mean"] or float("nan"), final["return-std"] or float("nan"),
         final["round"], out_dir)

@@ -1,6 +1,7 @@
-"""Per-run results: ``<output-dir>/<date>/<time>/`` with the run config, a per-round
-``results.json`` rewritten after every round (a crash keeps what was done), the
-final model, and a learning-curve PNG."""
+"""Per-run results: ``<output-dir>/<date>/<time>/`` with the run config, one JSON line
+per round appended to ``rounds.jsonl`` (a crash keeps what was done), and at the end
+``results.json`` (every round and the final entry), the final model and a
+learning-curve PNG. Every file is written atomically (:mod:`fedqhd.files`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ import numpy as np
 
 from fedqhd import __version__
 from fedqhd.config import RunConfig
+from fedqhd.files import append_line, atomic_save, atomic_write
+
+ROUNDS = "rounds.jsonl"    #: one JSON object per round, appended as rounds end
+RESULTS = "results.json"   #: the run's rounds and its final entry, written when it ends
 
 #: the packages whose versions decide a run's numbers, recorded in ``run_config.json``
 RECORDED_PACKAGES = ("flwr", "numpy", "gymnasium", "scikit-learn")
@@ -44,25 +49,55 @@ def new_run_dir(root: str | Path) -> Path:
     return path
 
 
-class RunRecorder:
-    """Collects one row per round and writes the run's files."""
+def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
+    """The rounds a run has recorded: ``results.json``'s once it has ended, else the
+    complete lines of ``rounds.jsonl`` (a run still going, or killed; a line torn by a
+    kill is left out)."""
+    run_dir = Path(run_dir)
+    if (run_dir / RESULTS).is_file():
+        return list(json.loads((run_dir / RESULTS).read_text())["rounds"])
+    if not (run_dir / ROUNDS).is_file():
+        return []
+    rows = []
+    for line in (run_dir / ROUNDS).read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break  # the last line, cut short
+    return rows
 
-    def __init__(self, cfg: RunConfig, out_dir: Path, extra: dict[str, Any] | None = None):
+
+class RunRecorder:
+    """Collects one row per round and writes the run's files.
+
+    ``rows`` and ``rows_bytes`` continue a resumed run: its rounds so far and the length
+    of ``rounds.jsonl`` that holds them (``run_config.json`` is then left as it is).
+    """
+
+    def __init__(self, cfg: RunConfig, out_dir: Path, extra: dict[str, Any] | None = None,
+                 rows: list[dict[str, Any]] | None = None, rows_bytes: int = 0):
         self.cfg = cfg
         self.out_dir = out_dir
-        self.rounds: list[dict[str, Any]] = []
-        self.started = time.time()
+        self.rounds: list[dict[str, Any]] = list(rows or [])
+        #: bytes of rounds.jsonl holding self.rounds (what a checkpoint records)
+        self.rows_bytes = int(rows_bytes)
+        # a resumed run's wall time goes on from its last round (time stopped not counted)
+        self.started = time.time() - (self.rounds[-1].get("wall-time-s", 0.0)
+                                      if self.rounds else 0.0)
+        if rows is not None:
+            return
         info = {"config": cfg.to_run_config(), "seed": cfg.seed, "fedqhd-version": __version__,
                 "python": platform.python_version(), "versions": package_versions(),
                 "started": datetime.now().isoformat()}
         info.update(extra or {})
-        (out_dir / "run_config.json").write_text(json.dumps(info, indent=2, sort_keys=True))
+        atomic_write(out_dir / "run_config.json", json.dumps(info, indent=2, sort_keys=True))
 
     def record_round(self, row: dict[str, Any]) -> None:
+        """Keep ``row`` and append it to ``rounds.jsonl`` (one line, fsynced)."""
         row = {"round": int(row["round"]), **{k: v for k, v in row.items() if k != "round"}}
         row["wall-time-s"] = round(time.time() - self.started, 3)
         self.rounds.append(row)
-        self._write(final=None)
+        self.rows_bytes = append_line(self.out_dir / ROUNDS, json.dumps(row))
 
     def finish(self, arrays: dict[str, np.ndarray], extra: dict[str, Any] | None = None
                ) -> dict[str, Any]:
@@ -75,22 +110,15 @@ class RunRecorder:
                  "best-return-mean": best.get("return-mean"),
                  "wall-time-s": round(time.time() - self.started, 3)}
         final.update(extra or {})
-        self._write(final)
         # typed as Any: numpy's stub would match ** of arrays against allow_pickle: bool
         payload: dict[str, Any] = arrays
-        np.savez(self.out_dir / "final_model.npz", **payload)
+        atomic_save(self.out_dir / "final_model.npz", lambda fh: np.savez(fh, **payload))
+        results = {"seed": self.cfg.seed, "env-id": self.cfg.env_id,
+                   "strategy": self.cfg.resolved_strategy, "encoder": self.cfg.encoder,
+                   "rounds": self.rounds, "final": final}
+        atomic_write(self.out_dir / RESULTS, json.dumps(results, indent=2))
         self.plot()
         return final
-
-    def _write(self, final: dict[str, Any] | None) -> None:
-        payload: dict[str, Any] = {"seed": self.cfg.seed, "env-id": self.cfg.env_id,
-                                   "strategy": self.cfg.resolved_strategy,
-                                   "encoder": self.cfg.encoder, "rounds": self.rounds}
-        if final is not None:
-            payload["final"] = final
-        tmp = self.out_dir / "results.json.tmp"
-        tmp.write_text(json.dumps(payload, indent=2))
-        tmp.replace(self.out_dir / "results.json")
 
     def plot(self) -> Path:
         """Learning curve: greedy return per round (mean +- std), Bellman residual and,

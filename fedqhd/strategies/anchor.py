@@ -74,6 +74,18 @@ class FedQHDAnchor(FunctionSpaceStrategy):
         """The global record of round 1: anchors, no teacher yet."""
         return C.to_array_record({C.ANCHORS: self.anchors})
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {**super().checkpoint_state(), "anchors": self.anchors}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """As the base, after checking that the run rebuilt the same anchors (an anchor
+        file may have changed since)."""
+        anchors = np.asarray(state["anchors"])
+        if anchors.shape != self.anchors.shape or not np.array_equal(anchors, self.anchors):
+            raise ValueError(f"the run's anchors {self.anchors.shape} differ from the "
+                             f"checkpoint's {anchors.shape}: was the anchor file changed?")
+        super().restore_state(state)
+
     def summary(self) -> None:
         super().summary()
         log(INFO, "\t└──> Anchors: %d states of dimension %d", *self.anchors.shape)

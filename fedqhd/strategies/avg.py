@@ -7,7 +7,7 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -83,10 +83,24 @@ class FedQHDAvg(FunctionSpaceStrategy):
         self.readout_shape = None if readout_shape is None else tuple(readout_shape)
         #: client key -> (readout, weight) of its latest accepted reply (aggregate="latest")
         self._latest: dict[ClientKey, tuple[np.ndarray, float]] = {}
+        #: after a resume: clients whose stored reply is sent with every train message until
+        #: they reply (the memory an ADMM client lost with its process)
+        self._owed: set[ClientKey] = set()
 
     def summary(self) -> None:
         super().summary()
         log(INFO, "\t└──> Aggregate: %s replies", self.aggregate)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {**super().checkpoint_state(), "readout-shape": self.readout_shape,
+                "latest": dict(self._latest)}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        super().restore_state(state)
+        shape = state["readout-shape"]
+        self.readout_shape = None if shape is None else tuple(shape)
+        self._latest = {key: (np.asarray(a), float(w)) for key, (a, w) in state["latest"].items()}
+        self._owed = set(self._latest)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -95,7 +109,23 @@ class FedQHDAvg(FunctionSpaceStrategy):
             raise ValueError(f"FedQHDAvg needs the global '{C.READOUT}' array in its "
                              f"ArrayRecord; got keys {list(arrays.keys())}")
         self.readout_shape = tuple(arrays[C.READOUT].shape)
-        return super().configure_train(server_round, arrays, config, grid)
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        if self._owed:
+            messages = [self._with_last_reply(msg, arrays) for msg in messages]
+        return messages
+
+    def _with_last_reply(self, msg: Message, arrays: ArrayRecord) -> Message:
+        """``msg`` plus the stored reply of the client bound to its node, if it is owed one:
+        after a resume ADMM clients get their memory back (their dual is their last reply
+        minus the global readout)."""
+        node = msg.metadata.dst_node_id
+        key = self.identities.key_of.get(node)
+        if key is None or key not in self._owed or key not in self._latest:
+            return msg
+        record = C.to_array_record({C.READOUT: arrays[C.READOUT].numpy(),
+                                    C.LAST_REPLY: self._latest[key][0]})
+        content = RecordDict({C.ARRAYS: record, C.CONFIG: msg.content[C.CONFIG]})
+        return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -108,6 +138,7 @@ class FedQHDAvg(FunctionSpaceStrategy):
             for key, array, weight in zip(keys, screened.arrays, screened.weights,
                                           strict=True):
                 self._latest[key] = (array, weight)
+                self._owed.discard(key)  # it replied: it holds its memory again
             for key in [k for k in self._latest if k not in self.identities.owner]:
                 del self._latest[key]  # silent for stale_rounds rounds: aged out
         metrics = screened.round_metrics()

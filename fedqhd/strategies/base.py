@@ -8,6 +8,7 @@ import random
 import time
 from collections.abc import Iterable
 from logging import INFO, WARNING
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
@@ -98,6 +99,16 @@ class FunctionSpaceStrategy(FedAvg):
         self.last_client_metrics: dict[int, dict[str, float]] = {}
         #: messages sent by the last configure_train / configure_evaluate (None: unknown)
         self._sampled: dict[str, int | None] = {"train": None, "evaluate": None}
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything this strategy remembers between rounds that a later round depends on
+        (arrays, numbers, strings, tuples, lists, dicts), for the run's checkpoint;
+        subclasses with more memory extend it."""
+        return {"identities": self.identities.checkpoint_state()}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`checkpoint_state` (a resumed run)."""
+        self.identities.restore_state(state["identities"])
 
     @property
     def aggregation(self) -> str:

@@ -42,6 +42,9 @@ GRAM = "gram"                    #: (|A|, D(D+1)/2) reply: packed upper triangle
 PHI_Y = "phi-y"                  #: (D, |A|) reply: Phi_a^T y_a for the global readout's targets
 ACTION_COUNTS = "action-counts"  #: (|A|,) reply: the client's transitions per action
 REWARD_RANGE = "reward-range"    #: (2,) reply: [min, max] of the client's rewards
+LAST_REPLY = "last-reply"  #: (D, |A|) server -> client, first round after a resume only: the
+#                            client's latest accepted reply (FedQHDAvg aggregate="latest"), the
+#                            memory an ADMM client lost with its process
 # with learner = "pool" the anchors are (state, action) points (m, w + d) in [0, 1]^(w+d), and
 # TEACHER / Q_ANCHORS are (m, H): column h is the pessimistic Q_h at the point (scaled reward)
 

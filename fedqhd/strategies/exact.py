@@ -95,11 +95,33 @@ class FedQHDExact(FunctionSpaceStrategy):
         self._prior: np.ndarray | None = None
         self._readout: np.ndarray | None = None
         self._want_rhs = False
+        #: after a resume: the nodes whose Grams the checkpoint holds (checked once)
+        self._resumed_nodes: set[int] | None = None
 
     def summary(self) -> None:
         super().summary()
         log(INFO, "\t└──> Exact pooled ridge FQI: ridge %s, proximal %s, bounded %s",
             self.ridge, self.proximal, self.bounded)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {**super().checkpoint_state(), "grams": self._grams, "have": dict(self._have),
+                "rhs": dict(self._rhs), "extremes": dict(self._extremes),
+                "prior": self._prior, "readout": self._readout, "want-rhs": self._want_rhs}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        super().restore_state(state)
+        grams = np.asarray(state["grams"], dtype=np.float64)
+        if grams.shape != self._grams.shape:
+            raise ValueError(f"checkpointed Grams have shape {grams.shape}, expected "
+                             f"{self._grams.shape}")
+        self._grams = grams.copy()
+        self._have = {int(k): int(v) for k, v in state["have"].items()}
+        self._rhs = {int(k): np.asarray(v) for k, v in state["rhs"].items()}
+        self._extremes = {int(k): np.asarray(v) for k, v in state["extremes"].items()}
+        self._prior, self._readout = state["prior"], state["readout"]
+        self._want_rhs = bool(state["want-rhs"])
+        self._systems = None  # refactored from the Grams when next needed
+        self._resumed_nodes = set(self._have)
 
     @property
     def q_range(self) -> tuple[float, float] | None:
@@ -118,6 +140,8 @@ class FedQHDExact(FunctionSpaceStrategy):
         if readout.shape != (self.dim, self.n_actions):
             raise ValueError(f"global readout has shape {readout.shape}, expected "
                              f"{(self.dim, self.n_actions)}")
+        if self._resumed_nodes is not None:
+            self._check_resumed_nodes(set(grid.get_node_ids()))
         if self._prior is None:
             self._prior = readout.copy()
         self._readout = readout
@@ -198,6 +222,16 @@ class FedQHDExact(FunctionSpaceStrategy):
                         np.zeros((self.dim, self.n_actions)))
         readout = self._systems.solve(rhs_total, self._prior)
         return C.to_array_record({C.READOUT: readout}), metrics_out
+
+    def _check_resumed_nodes(self, connected: set[int]) -> None:
+        """Clients are keyed by node id: a resumed run whose nodes came back under other
+        ids would add their Grams a second time, so it stops instead."""
+        missing, self._resumed_nodes = (self._resumed_nodes or set()) - connected, None
+        if missing:
+            raise ValueError(f"FedQHDExact cannot continue: the checkpointed Grams belong to "
+                             f"node(s) {sorted(missing)}, which are not connected (now: "
+                             f"{sorted(connected)}); nodes that return under new ids would "
+                             "be counted twice. Start the run again")
 
     def _check_statistics(self, msg: Message, node: int, metrics: dict[str, float]
                           ) -> tuple[str | None, np.ndarray | None, np.ndarray | None]:

@@ -11,6 +11,7 @@ refused. A binding is released when its owner has sent no accepted reply for
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 ClientKey = tuple[str, int]
 
@@ -38,6 +39,19 @@ class IdentityRegistry:
         self.key_of: dict[int, ClientKey] = {}
         self.last_seen: dict[ClientKey, int] = {}
         self.connected: set[int] | None = None
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The bindings, for a run's checkpoint."""
+        return {"owner": dict(self.owner), "key-of": dict(self.key_of),
+                "last-seen": dict(self.last_seen),
+                "connected": None if self.connected is None else sorted(self.connected)}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Take the bindings of :meth:`checkpoint_state` (a resumed run)."""
+        self.owner = dict(state["owner"])
+        self.key_of = dict(state["key-of"])
+        self.last_seen = dict(state["last-seen"])
+        self.connected = None if state["connected"] is None else set(state["connected"])
 
     def set_connected(self, nodes: Iterable[int]) -> None:
         """The nodes connected now (from the Grid, when the round is configured)."""

@@ -67,6 +67,13 @@ class PrivacyScreen(Strategy):
     def last_evaluate_metrics(self) -> MetricRecord | None:
         return self.strategy.last_evaluate_metrics
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"strategy": self.strategy.checkpoint_state(), "ledgers": dict(self.ledgers)}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        self.strategy.restore_state(state["strategy"])
+        self.ledgers = {int(k): dict(v) for k, v in state["ledgers"].items()}
+
     def summary(self) -> None:
         log(INFO, "\t├──> Privacy screen: non-private replies %s",
             "accepted (run marked non-private)" if self.allow_non_private else "refused")
