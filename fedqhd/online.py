@@ -779,7 +779,7 @@ def truncate_average(readouts: Sequence[np.ndarray], weights: Sequence[float] | 
     return out
 
 
-def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray,
+def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray | None = None,
                prior: np.ndarray | None = None) -> np.ndarray:
     """Ridge FQI on the union of the clients' buffers: the pooled-data oracle.
 
@@ -788,7 +788,8 @@ def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray,
     right-hand sides summed, and the proximal pull toward ``prior`` counts the pooled
     transitions of the action (as :meth:`OnlineClient.fit` counts its own). Clients must
     share one encoder and settings, with primal statistics (``D <= capacity``); their
-    reward ranges are widened to the union (the one learner's value range)."""
+    reward ranges are widened to the union (the one learner's value range). ``init``
+    defaults to zeros, ``prior`` to ``init``."""
     if not clients:
         raise ValueError("need at least one client")
     first = clients[0]
@@ -800,7 +801,8 @@ def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray,
                 first.ridge, first.proximal, first.gamma, first.action_gap):
             raise ValueError("the pooled oracle needs clients with one encoder dimension and "
                              "the same ridge, proximal, gamma, action_gap and no fuse")
-    readout = np.array(init, dtype=np.float64)
+    readout = (np.zeros((first.dim, first.n_actions)) if init is None
+               else np.array(init, dtype=np.float64))
     prior = readout.copy() if prior is None else np.asarray(prior, dtype=np.float64)
     live = [cl for cl in clients if cl.size]
     if not live or sweeps <= 0:
@@ -809,7 +811,9 @@ def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray,
     for cl in live:
         cl.r_min, cl.r_max = lo, hi
     n_act = first.n_actions
-    counts = sum(np.bincount(cl.actions[:cl.size], minlength=n_act) for cl in live)
+    counts = np.zeros(n_act)
+    for cl in live:
+        counts += np.bincount(cl.actions[:cl.size], minlength=n_act)
     with first.timer("factor"):
         systems = []
         for a in range(n_act):
