@@ -91,7 +91,7 @@ def run_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 
         curve = [(r["episodes"], r["train-return-last100"]) for r in res.rounds]
         return {"train-return-last100": res.train_return_last100,
                 "greedy-return": res.greedy_return, "wall-s": res.wall_s, "cpu-s": res.cpu_s,
-                "curve": curve, "config": res.config}
+                "curve": curve, "config": res.config, "aggregate": res.aggregate}
     from fedqhd.baselines import dqn
 
     if method == "fedavg-dqn":
