@@ -244,7 +244,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     suite.add_argument("--envs", help="comma-separated tasks (default: all four)")
     suite.add_argument("--settings", help="shared,heterogeneous (default: both)")
     suite.add_argument("--methods", help="comma-separated (default: "
-                       "fedqhd,independent,fedavg-dqn,distill-dqn)")
+                       "fedqhd,independent,truncate-avg,fedavg-dqn,distill-dqn,oracle)")
     suite.add_argument("--episodes", type=int, default=600, help="episodes per client")
     scale = p.add_argument_group("--suite scale (default --clients 10 --rounds 5)")
     scale.add_argument("--no-flwr", action="store_true",

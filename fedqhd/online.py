@@ -63,7 +63,9 @@ __all__ = [
     "ONLINE_SETTINGS",
     "make_batch_env",
     "online_settings",
+    "pooled_fit",
     "run_online",
+    "truncate_average",
 ]
 
 
@@ -757,6 +759,86 @@ class OnlineResult:
     config: dict = field(default_factory=dict)
 
 
+def truncate_average(readouts: Sequence[np.ndarray], weights: Sequence[float] | np.ndarray
+                     ) -> list[np.ndarray]:
+    """The paper's truncate-and-average of readouts of different ``D_i``: the weighted mean
+    of their first ``d = min_i D_i`` rows, returned to every client in its first ``d`` rows;
+    each client keeps its own rows beyond ``d`` (they have no counterpart elsewhere, and
+    zeroing them would discard what the client learned there). Equal ``D``: the mean."""
+    if len(readouts) != len(weights) or not readouts:
+        raise ValueError("need one weight per readout and at least one readout")
+    if len({r.shape[1] for r in readouts}) != 1:
+        raise ValueError("readouts must have the same number of actions")
+    d = min(r.shape[0] for r in readouts)
+    mean = sum(w * r[:d] for w, r in zip(weights, readouts, strict=True))
+    out = []
+    for r in readouts:
+        merged = np.array(r, dtype=np.float64)
+        merged[:d] = mean
+        out.append(merged)
+    return out
+
+
+def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray | None = None,
+               prior: np.ndarray | None = None) -> np.ndarray:
+    """Ridge FQI on the union of the clients' buffers: the pooled-data oracle.
+
+    One learner whose buffer is every client's buffer: per action the primal Grams are
+    summed, each sweep's targets are built per client under the one readout and their
+    right-hand sides summed, and the proximal pull toward ``prior`` counts the pooled
+    transitions of the action (as :meth:`OnlineClient.fit` counts its own). Clients must
+    share one encoder and settings, with primal statistics (``D <= capacity``); their
+    reward ranges are widened to the union (the one learner's value range). ``init``
+    defaults to zeros, ``prior`` to ``init``."""
+    if not clients:
+        raise ValueError("need at least one client")
+    first = clients[0]
+    for cl in clients:
+        if cl.form != "primal":
+            raise ValueError("the pooled oracle needs primal statistics (D <= capacity)")
+        if cl.fuse or cl.dim != first.dim or (cl.ridge, cl.proximal, cl.gamma,
+                                               cl.action_gap) != (
+                first.ridge, first.proximal, first.gamma, first.action_gap):
+            raise ValueError("the pooled oracle needs clients with one encoder dimension and "
+                             "the same ridge, proximal, gamma, action_gap and no fuse")
+    readout = (np.zeros((first.dim, first.n_actions)) if init is None
+               else np.array(init, dtype=np.float64))
+    prior = readout.copy() if prior is None else np.asarray(prior, dtype=np.float64)
+    live = [cl for cl in clients if cl.size]
+    if not live or sweeps <= 0:
+        return readout
+    lo, hi = min(cl.r_min for cl in live), max(cl.r_max for cl in live)
+    for cl in live:
+        cl.r_min, cl.r_max = lo, hi
+    n_act = first.n_actions
+    counts = np.zeros(n_act)
+    for cl in live:
+        counts += np.bincount(cl.actions[:cl.size], minlength=n_act)
+    with first.timer("factor"):
+        systems = []
+        for a in range(n_act):
+            mu = first.proximal * float(counts[a])
+            c = first.ridge + mu
+            g = sum(cl.gram[a] for cl in live)
+            g[np.diag_indices_from(g)] += c
+            systems.append((mu, c, cho_factor(g, lower=True, check_finite=False)))
+    with first.timer("sweeps"):
+        for _ in range(sweeps):
+            rhs = np.zeros_like(readout)
+            for cl in live:
+                y = cl.targets(readout)
+                onehot = np.zeros((cl.size, n_act), dtype=np.float32)
+                onehot[np.arange(cl.size), cl.actions[:cl.size]] = 1.0
+                rhs += (cl.features[:cl.size].T @ (onehot * y[:, None].astype(np.float32))
+                        ).astype(np.float64)
+            new = np.empty_like(readout)
+            for a, (mu, c, fac) in enumerate(systems):
+                shrunk = (mu / c) * prior[:, a]
+                new[:, a] = cho_solve(fac, rhs[:, a] + c * shrunk, check_finite=False)
+            readout = new
+    return readout
+
+
 def _last100(clients: Sequence[OnlineClient]) -> float:
     return float(np.mean([np.mean(c.episode_returns[-100:]) for c in clients]))
 
@@ -849,6 +931,16 @@ def run_online(
       the server averages client Q on ``n_anchors`` anchor states (weighted by
       transitions); each client compiles the teacher into its features (ridge
       projection toward its own readout) and acts with the result.
+    * ``"truncate"`` (the paper's truncate-and-average baseline, any encoders): each
+      client fits from its own readout; the server averages the first ``min_i D_i`` rows
+      of the readouts (weighted by transitions) and each client continues from that
+      average in its first ``min_i D_i`` rows and its own readout in the rest
+      (:func:`truncate_average`). Row ``j`` of two heterogeneous encoders is an
+      unrelated random feature, which is the point of the baseline. With the shared
+      encoder it is plain readout averaging and reproduces ``"average"`` exactly.
+    * ``"pooled"`` (the pooled-data oracle, shared encoder): one learner fits ridge FQI
+      on the union of all clients' buffers (:func:`pooled_fit`) and every client acts
+      with its single readout; the clients only collect.
     * ``None``: independent learners, never aggregated.
 
     Heterogeneous encoders: ``D_i`` cycled from (500, 1000, 2000, 5000), ``gamma_i =
@@ -884,10 +976,11 @@ def run_online(
         raise ValueError(f"encoder must be shared or heterogeneous, got {encoder!r}")
     if aggregate == "auto":
         aggregate = "average" if encoder == "shared" else "anchors"
-    if aggregate not in (None, "average", "anchors"):
-        raise ValueError(f"aggregate must be average, anchors or None, got {aggregate!r}")
-    if aggregate == "average" and encoder != "shared":
-        raise ValueError("readout averaging needs the shared encoder")
+    if aggregate not in (None, "average", "anchors", "truncate", "pooled"):
+        raise ValueError("aggregate must be average, anchors, truncate, pooled or None, "
+                         f"got {aggregate!r}")
+    if aggregate in ("average", "pooled") and encoder != "shared":
+        raise ValueError(f"aggregate={aggregate!r} needs the shared encoder")
     timer = Timer()
     if encoder == "shared":
         enc = shared_encoder_params(seed, dim, enc_gamma).build(spec.obs_bound)
@@ -913,7 +1006,8 @@ def run_online(
         with timer("anchors"):
             anchors = make_anchors(anchor_source, env_id, n_anchors, seed)
             anchors_x = [_encode32(cl.encoder, anchors) for cl in clients]
-    global_w = np.zeros((dim, spec.n_actions)) if aggregate == "average" else None
+    global_w = (np.zeros((dim, spec.n_actions)) if aggregate in ("average", "pooled")
+                else None)
     result = OnlineResult(env_id, encoder, aggregate, seed, math.nan, math.nan,
                           config=dict(episodes_per_round=episodes_per_round, dim=dim,
                                       enc_gamma=enc_gamma, gamma=gamma, ridge=ridge,
@@ -933,7 +1027,11 @@ def run_online(
             cl.gamma = discount(done)
         weights = np.array([cl.n_transitions for cl in clients], dtype=float)
         weights /= weights.sum()
-        if aggregate == "average":
+        if aggregate == "pooled":
+            global_w = pooled_fit(clients, sweeps, init=global_w, prior=global_w)
+            for cl in clients:
+                cl.readout = global_w.copy()
+        elif aggregate == "average":
             for cl in clients:
                 cl.fit(sweeps, init=global_w, prior=global_w)
             with timer("aggregate"):
@@ -943,7 +1041,12 @@ def run_online(
         else:
             for cl in clients:
                 cl.fit(sweeps)
-            if aggregate == "anchors":
+            if aggregate == "truncate":
+                with timer("aggregate"):
+                    merged = truncate_average([cl.readout for cl in clients], weights)
+                    for cl, w in zip(clients, merged, strict=True):
+                        cl.readout = w
+            elif aggregate == "anchors":
                 with timer("aggregate"):
                     qs = [x.astype(np.float64) @ cl.readout
                           for x, cl in zip(anchors_x, clients, strict=True)]

@@ -9,6 +9,12 @@ last 100 episodes, averaged over clients. Methods:
 * ``fedqhd`` -- ours: bounded ridge FQI on HD features, readout averaging (shared)
   or anchor-set teacher compilation (heterogeneous) (:func:`fedqhd.online.run_online`);
 * ``independent`` -- the same learners, never aggregated;
+* ``truncate-avg`` -- the paper's truncate FedAvg: the same learners, readouts cut to
+  the smallest ``D_i`` and averaged (:func:`fedqhd.online.truncate_average`); with the
+  shared encoder it is plain readout averaging, i.e. exactly ``fedqhd`` shared;
+* ``oracle`` -- one learner fitting ridge FQI on the pooled buffers of all clients,
+  every client acting with its readout (:func:`fedqhd.online.pooled_fit`; shared
+  setting only: one feature space; the paper reports no number);
 * ``fedavg-dqn`` -- FedAvg of DQN MLPs (shared setting only, as in the paper);
 * ``distill-dqn`` -- distillation FedDQN on anchor states (both settings)
   (:mod:`fedqhd.baselines.dqn`, extra ``dqn``).
@@ -30,7 +36,11 @@ import numpy as np
 
 ENVS: tuple[str, ...] = ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "MountainCar-v0")
 SETTINGS: tuple[str, ...] = ("shared", "heterogeneous")
-METHODS: tuple[str, ...] = ("fedqhd", "independent", "fedavg-dqn", "distill-dqn")
+METHODS: tuple[str, ...] = ("fedqhd", "independent", "truncate-avg", "fedavg-dqn",
+                             "distill-dqn", "oracle")
+#: the online learners' aggregate mode per method (:func:`fedqhd.online.run_online`)
+_AGGREGATE: dict[str, str | None] = {"fedqhd": "auto", "independent": None,
+                                     "truncate-avg": "truncate", "oracle": "pooled"}
 SEEDS: tuple[int, ...] = (42, 43, 44)
 
 #: the paper's main table (3-seed means of the last-100 training return), (shared, heterogeneous);
@@ -46,6 +56,7 @@ PAPER: dict[str, dict[str, tuple[float | None, float | None]]] = {
                     "LunarLander-v3": (122.5, 131.4), "MountainCar-v0": (-156.0, -174.3)},
     "fedqhd": {"CartPole-v1": (466.3, 351.1), "Acrobot-v1": (-105.0, -102.5),
                "LunarLander-v3": (224.1, 101.5), "MountainCar-v0": (-143.7, -162.3)},
+    "oracle": {e: (None, None) for e in ENVS},
 }
 
 
@@ -56,8 +67,9 @@ def paper_number(method: str, env_id: str, setting: str) -> float | None:
 
 
 def applicable(method: str, setting: str) -> bool:
-    """FedAvg of network parameters needs one architecture: shared setting only."""
-    return not (method == "fedavg-dqn" and setting == "heterogeneous")
+    """FedAvg of network parameters needs one architecture and the pooled oracle one
+    feature space: both are shared setting only."""
+    return not (method in ("fedavg-dqn", "oracle") and setting == "heterogeneous")
 
 
 def run_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 600,
@@ -69,16 +81,17 @@ def run_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 
     if setting not in SETTINGS:
         raise ValueError(f"unknown setting {setting!r}; one of {', '.join(SETTINGS)}")
     if not applicable(method, setting):
-        raise ValueError(f"{method} needs the shared setting (one network architecture)")
-    if method in ("fedqhd", "independent"):
+        raise ValueError(f"{method} needs the shared setting (one network architecture "
+                         "or feature space)")
+    if method in _AGGREGATE:
         from fedqhd.online import run_online
 
         res = run_online(env_id, n_clients=clients, episodes=episodes, encoder=setting,
-                         aggregate="auto" if method == "fedqhd" else None, seed=seed)
+                         aggregate=_AGGREGATE[method], seed=seed)
         curve = [(r["episodes"], r["train-return-last100"]) for r in res.rounds]
         return {"train-return-last100": res.train_return_last100,
                 "greedy-return": res.greedy_return, "wall-s": res.wall_s, "cpu-s": res.cpu_s,
-                "curve": curve, "config": res.config}
+                "curve": curve, "config": res.config, "aggregate": res.aggregate}
     from fedqhd.baselines import dqn
 
     if method == "fedavg-dqn":
