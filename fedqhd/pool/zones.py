@@ -174,16 +174,23 @@ def _grid_nodes(k: int, dims: int) -> np.ndarray:
 
 
 def multilinear_weights(u: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Node ids (..., 2^p) and weights (..., 2^p) interpolating on ``linspace(0, 1, k)^p``."""
+    """Node ids (..., 2^p) and weights (..., 2^p) interpolating on ``linspace(0, 1, k)^p``.
+
+    Corner i has bit j of i as its offset along axis j; the weights are built one axis
+    at a time (an outer product), which keeps evaluation of many points cheap.
+    """
     u = np.clip(np.asarray(u, dtype=float), 0.0, 1.0)
     p = u.shape[-1]
-    corners = (np.arange(2**p)[:, None] >> np.arange(p)) & 1  # (2^p, p)
     x = u * (k - 1)
-    lo = np.minimum(np.floor(x), k - 2).astype(np.int64)
+    lo = np.minimum(np.floor(x), k - 2)
     f = x - lo  # (..., p) in [0, 1]
-    idx = lo[..., None, :] + corners  # (..., 2^p, p)
-    wts = np.prod(np.where(corners == 1, f[..., None, :], 1.0 - f[..., None, :]), -1)
-    return idx @ (k ** np.arange(p)), wts
+    mult = k ** np.arange(p)
+    offsets = ((np.arange(2**p)[:, None] >> np.arange(p)) & 1) @ mult  # (2^p,)
+    wts = np.ones(u.shape[:-1] + (1,))
+    for j in range(p):
+        fj = f[..., j, None]
+        wts = np.concatenate([wts * (1.0 - fj), wts * fj], axis=-1)
+    return (lo.astype(np.int64) @ mult)[..., None] + offsets, wts
 
 
 class PostDecisionZones(_Region):
