@@ -3,7 +3,10 @@
 Backward over h = H..1, from a :class:`~fedqhd.pool.counts.NoisyCounts`:
 
 1. project the noisy counts for consistency (:func:`project_counts`);
-2. private kernel ``P(c | m) = x / sum x`` if ``sum x > E_rho`` else uniform;
+2. private kernel ``P(c | m) = x / sum x`` if ``sum x > E_rho`` else uniform (the
+   paper's, ``kernel="zone"``); or, with ``kernel="shared"``, one demand law per
+   stage fitted to every zone's counts (:mod:`fedqhd.pool.kernels`), with Qtilde the
+   exact expectation over it (:meth:`PoolLearner._fit_shared`);
 3. at each base point b_j of each zone,
    ``Qtilde = sum_c P(c|m) (r_h(b_j, s'_c) + V_{h+1}(s'_c))`` with the known
    reward scaled to [0, 1] and ``s'_c`` the cell representatives. The scale is
