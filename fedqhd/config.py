@@ -24,9 +24,13 @@ from fedqhd.envs.inventory import DEMANDS as POOL_DEMANDS
 from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
 from fedqhd.learners import get_learner, learner_names
 from fedqhd.online import ONLINE_SETTINGS, online_settings
+from fedqhd.pool.api import ZONINGS as POOL_ZONINGS
+from fedqhd.pool.learner import KERNELS
 from fedqhd.privacy.noise import NOISE_KINDS
 from fedqhd.strategies.base import WEIGHTINGS
 from fedqhd.strategies.screening import AGGREGATIONS
+
+POOL_KERNELS = ("auto", *KERNELS)  #: run-config pool-kernel; auto: shared on post-decision zones
 
 #: the function-space strategy: auto (avg for a shared encoder, else anchor), avg, anchor,
 #: exact (pooled ridge FQI from sufficient statistics; shared encoder, fqi, offline)
@@ -272,7 +276,12 @@ class RunConfig:
     pool_trajectories: int = field(default=1000, metadata=_key(
         _int_range(1, 10_000_000), "trajectories in a client's shard"))
     pool_zones: int = field(default=50, metadata=_key(_int_range(1, 100_000),
-                                                      "M norm zones"))
+                                                      "M zones"))
+    pool_zoning: str = field(default="post-decision", metadata=_key(
+        _choice(POOL_ZONINGS), "post-decision (zones over y = s + a) | norm (the paper's) | grid"))
+    pool_kernel: str = field(default="auto", metadata=_key(
+        _choice(POOL_KERNELS), "next-state kernel: shared (one demand law per stage) | zone "
+        "(the paper's) | auto (shared for post-decision zones)"))
     pool_cells: int = field(default=20, metadata=_key(_int_range(1, 100_000),
                                                       "next-state cells"))
     pool_lambda: float = field(default=1.0, metadata=_key(

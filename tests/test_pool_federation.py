@@ -157,3 +157,23 @@ def test_run_config_ties_learners_to_their_tasks():
         RunConfig.from_run_config({"env-id": "fedqhd/Inventory-v0"})
     with pytest.raises(ConfigError, match="expected bool"):
         RunConfig.from_run_config({"non-private": 1})
+
+
+@pytest.mark.parametrize("zoning", ["post-decision", "norm"])
+def test_adopt_teacher_compiles_a_representable_teacher_exactly(tmp_path, zoning):
+    """A teacher that is some POOL fit's own Q on the anchors is recovered on those anchors
+    (trust 1), also where a point mixes several post-decision zones; trust 0 keeps own."""
+    cfg = _cfg(tmp_path, **{"pool-zoning": zoning, "pool-zones": 25})
+    assert pl.zoning(cfg)[0].kind == ("post-decision" if zoning == "post-decision" else "zones")
+    assert pl.learner_options(cfg)["kernel"] == ("shared" if zoning == "post-decision"
+                                                 else "zone")
+    own = pl.fit(cfg, pl.release(cfg, 0, pl.ClientPrivacy.of(cfg, {}))[0])
+    other = pl.fit(cfg, pl.release(cfg, 1, pl.ClientPrivacy.of(cfg, {"rho": 5.0}))[0])
+    anchors = np.random.default_rng(0).random((2000, 4))
+    teacher = pl.anchor_values(other, anchors)
+    assert np.sqrt(np.mean((pl.anchor_values(own, anchors) - teacher) ** 2)) > 0.05
+    adopted, rms = pl.adopt_teacher(own, anchors, teacher, ridge=1e-9)
+    assert rms < 1e-3, rms
+    np.testing.assert_allclose(pl.anchor_values(adopted, anchors), teacher, atol=1e-2)
+    kept, _ = pl.adopt_teacher(own, anchors, teacher, trust=0.0)
+    np.testing.assert_allclose(pl.anchor_values(kept, anchors), pl.anchor_values(own, anchors))

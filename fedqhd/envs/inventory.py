@@ -154,6 +154,15 @@ class InventoryModel:
         b = np.asarray(b, dtype=float)
         return self.state(self.order_up_to(b[..., : self.w], np.clip(b[..., self.w :], 0, 1)))
 
+    def next_from_post(self, u: np.ndarray, demand: np.ndarray) -> np.ndarray:
+        """Next scaled state from post-decision level ``u`` and scaled demand (broadcasts).
+
+        ``s' = g(u, D)``: the structure a learner may assume (demand independent of u).
+        """
+        y = self.stock(np.asarray(u, dtype=float))
+        x_next = np.maximum(y - demand, 0.0 if self.model == "lost_sales" else -1.0)
+        return self.state(x_next)
+
     def decision_point(self, u: np.ndarray) -> np.ndarray:
         """A point ``b = (s, a)`` with ``post_decision(b) = u``: stock at ``y``, order 0."""
         u = np.asarray(u, dtype=float)

@@ -66,5 +66,8 @@ def client_release(trajectories: Trajectories, zones: Zoning, cells: StateCells,
 
 
 def make_pool_learner(model: InventoryModel, **kwargs) -> PoolLearner:
-    """A :class:`PoolLearner` with the inventory model's known reward."""
+    """A :class:`PoolLearner` with the inventory model's known reward (and, for
+    ``kernel="shared"``, its demand structure ``s' = g(u, D)``)."""
+    if kwargs.get("kernel") == "shared":
+        kwargs.setdefault("transition", model.next_from_post)
     return PoolLearner(model.known_reward, model.reward_bounds, model.w, **kwargs)

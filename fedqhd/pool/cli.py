@@ -44,6 +44,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", default="auto",
                    help="known-zone threshold: auto (3 noise sigmas for post-decision "
                    "zones, the paper's E_rho otherwise), erho, or k (k noise sigmas)")
+    p.add_argument("--kernel", choices=["auto", "shared", "zone"], default="auto",
+                   help="next-state kernel: shared (one demand law per stage fitted to all "
+                   "zones; needs post-decision zones) or zone (each zone's own counts, the "
+                   "paper's); auto: shared for post-decision zones, zone otherwise")
     p.add_argument("--n-cells", type=int, default=20, help="next-state cells")
     p.add_argument("--no-progress", action="store_true")
 
@@ -54,16 +58,23 @@ def _threshold_sigmas(a: argparse.Namespace) -> float | None:
     return None if a.threshold == "erho" else float(a.threshold)
 
 
+def _kernel(a: argparse.Namespace) -> str:
+    if a.kernel == "auto":
+        return "shared" if a.zoning == "post-decision" else "zone"
+    return str(a.kernel)
+
+
 def _base(a: argparse.Namespace) -> Setting:
     return Setting(w=a.w, horizon=a.H, n_zones=a.M, lam=a.lam, rho=a.rho, n_traj=a.n,
                    model=a.model, demand=a.demand, zoning=a.zoning, behaviour=a.behaviour,
                    reward_scale=a.reward_scale, threshold_sigmas=_threshold_sigmas(a),
-                   n_cells=a.n_cells)
+                   n_cells=a.n_cells, kernel=_kernel(a))
 
 
 def _tag(a: argparse.Namespace) -> str:
     """File-name suffix: empty for the defaults, else the non-default choices."""
     parts = [] if a.zoning == "post-decision" else [a.zoning]
+    parts += [] if a.kernel in ("auto", "shared") else [f"{a.kernel}-kernel"]
     parts += [] if a.model == "lost_sales" else [a.model]
     parts += [] if a.behaviour == "uniform" else [a.behaviour]
     return "".join(f"_{p}" for p in parts)

@@ -42,11 +42,12 @@ class Setting:
     behaviour: str = "uniform"
     reward_scale: str = "common"
     threshold_sigmas: float | None = 3.0
+    kernel: str = "shared"
     eval_episodes: int = 4000
 
 
 #: the paper's learner: norm zones, norm next-state cells, the paper's E_rho threshold
-PAPER: dict[str, Any] = {"zoning": "norm", "threshold_sigmas": None}
+PAPER: dict[str, Any] = {"zoning": "norm", "threshold_sigmas": None, "kernel": "zone"}
 
 
 def run_once(s: Setting, method: str, rep: int, seed: int) -> dict:
@@ -60,7 +61,8 @@ def run_once(s: Setting, method: str, rep: int, seed: int) -> dict:
     c_star = model.rollout_cost(ref, s.eval_episodes, seed + 2000 + rep)
     t0 = time.perf_counter()
     learner = fit_method(method, model, data, zones, cells, s.rho, random_state=seed + rep,
-                         reward_scale=s.reward_scale, threshold_sigmas=s.threshold_sigmas)
+                         reward_scale=s.reward_scale, threshold_sigmas=s.threshold_sigmas,
+                         kernel=s.kernel)
     fit_s = time.perf_counter() - t0
     cost = model.rollout_cost(learner.act, s.eval_episodes, seed + 2000 + rep)
     return {"gap": relative_gap(cost, c_star), "cost": cost, "c_star": c_star, "fit_s": fit_s,

@@ -44,7 +44,7 @@ from fedqhd.envs.inventory import (
 from fedqhd.pool.api import client_release, make_pool_learner, make_zoning
 from fedqhd.pool.counts import NoisyCounts, Zoning, count_visits, exact_counts
 from fedqhd.pool.learner import PoolLearner
-from fedqhd.pool.zones import StateCells
+from fedqhd.pool.zones import PostDecisionZones, StateCells
 from fedqhd.privacy import NOISE_KINDS, PrivacyLedger, make_noise_source
 from fedqhd.privacy.store import LedgerStore, data_fingerprint, ledger_dir
 from fedqhd.seeding import (
@@ -73,7 +73,17 @@ def zoning(cfg: RunConfig) -> tuple[Zoning, StateCells]:
     """POOL's zones and next-state cells: public, identical on every node."""
     w = cfg.pool_products
     return make_zoning(w, w, cfg.pool_horizon, cfg.pool_zones, cfg.pool_lambda,
-                       n_cells=cfg.pool_cells)
+                       n_cells=cfg.pool_cells, zoning=cfg.pool_zoning,
+                       model=inventory_model(cfg))
+
+
+def learner_options(cfg: RunConfig) -> dict[str, Any]:
+    """Kernel and known-zone threshold of the run's learner, as the ``fedqhd pool`` studies
+    choose them: post-decision zones get the shared demand kernel and a threshold of 3
+    noise sigmas; the paper's zonings its per-zone kernel and E_rho."""
+    post = cfg.pool_zoning == "post-decision"
+    kernel = ("shared" if post else "zone") if cfg.pool_kernel == "auto" else cfg.pool_kernel
+    return {"kernel": kernel, "threshold_sigmas": 3.0 if post else None}
 
 
 @dataclass(frozen=True)
@@ -166,7 +176,7 @@ def ledger_metrics(counts: NoisyCounts, ledger: PrivacyLedger, pid: int, cfg: Ru
 def fit(cfg: RunConfig, counts: NoisyCounts) -> PoolLearner:
     """POOL on the released counts (post-processing)."""
     return make_pool_learner(inventory_model(cfg), delta=cfg.pool_delta,
-                             random_state=cfg.seed).fit(counts)
+                             random_state=cfg.seed, **learner_options(cfg)).fit(counts)
 
 
 def anchor_values(learner: PoolLearner, anchors: np.ndarray) -> np.ndarray:
@@ -199,22 +209,42 @@ def adopt_teacher(learner: PoolLearner, anchors: np.ndarray, teacher: np.ndarray
     sq = 0.0
     for h in range(learner.horizon_):
         own = learner.qbar_[h]
-        n_z, n_p = own.shape
-        weights = np.stack([zones.interpolate(h, zones.interpolator(h, np.eye(n_p)[j]
-                                                                    * np.ones((n_z, 1))),
-                                              anchors) for j in range(n_p)], axis=1)
-        ids = np.arange(n_z, dtype=float)[:, None] * np.ones((1, n_p))
-        zone = np.rint(zones.interpolate(h, zones.interpolator(h, ids), anchors)).astype(int)
-        gram = np.zeros((n_z, n_p, n_p))
-        rhs = np.zeros((n_z, n_p))
-        np.add.at(gram, zone, weights[:, :, None] * weights[:, None, :])
-        np.add.at(rhs, zone, weights * teacher[:, h, None])
-        solved = np.linalg.solve(gram + ridge * np.eye(n_p), (rhs + ridge * own)[..., None])[..., 0]
+        if isinstance(zones, PostDecisionZones):
+            solved = _compile_shared(zones, h, anchors, teacher[:, h], own, ridge)
+        else:
+            solved = _compile_per_zone(zones, h, anchors, teacher[:, h], own, ridge)
         qbar = np.clip(own + trust * (solved - own), 0.0, learner.horizon_ - h)
         out.qbar_[h] = qbar
         out.coef_[h] = zones.interpolator(h, qbar)
         sq += float(np.sum((out.q_values(h, anchors) - teacher[:, h]) ** 2))
     return out, math.sqrt(sq / teacher.size)
+
+
+def _compile_per_zone(zones: Zoning, h: int, anchors: np.ndarray, target: np.ndarray,
+                      own: np.ndarray, ridge: float) -> np.ndarray:
+    """Zonings with one zone per point (norm shells, grid): a small solve per zone."""
+    n_z, n_p = own.shape
+    weights = np.stack([zones.interpolate(h, zones.interpolator(h, np.eye(n_p)[j]
+                                                                * np.ones((n_z, 1))),
+                                          anchors) for j in range(n_p)], axis=1)
+    ids = np.arange(n_z, dtype=float)[:, None] * np.ones((1, n_p))
+    zone = np.rint(zones.interpolate(h, zones.interpolator(h, ids), anchors)).astype(int)
+    gram = np.zeros((n_z, n_p, n_p))
+    rhs = np.zeros((n_z, n_p))
+    np.add.at(gram, zone, weights[:, :, None] * weights[:, None, :])
+    np.add.at(rhs, zone, weights * target[:, None])
+    return np.linalg.solve(gram + ridge * np.eye(n_p), (rhs + ridge * own)[..., None])[..., 0]
+
+
+def _compile_shared(zones: PostDecisionZones, h: int, anchors: np.ndarray, target: np.ndarray,
+                    own: np.ndarray, ridge: float) -> np.ndarray:
+    """Post-decision zones: Q at a point mixes 2^p zone values (multilinear weights), so the
+    zones are solved jointly, ``(A^T A + ridge I) q = A^T T + ridge q_own``."""
+    ids, wts = zones.weights(h, anchors)  # (m, 2^p)
+    design = np.zeros((anchors.shape[0], zones.n_zones))
+    np.add.at(design, (np.arange(anchors.shape[0])[:, None], ids), wts)
+    gram = design.T @ design + ridge * np.eye(zones.n_zones)
+    return np.linalg.solve(gram, design.T @ target + ridge * own[:, 0])[:, None]
 
 
 # ------------------------------------------------------------------ evaluation

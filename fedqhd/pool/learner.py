@@ -3,7 +3,10 @@
 Backward over h = H..1, from a :class:`~fedqhd.pool.counts.NoisyCounts`:
 
 1. project the noisy counts for consistency (:func:`project_counts`);
-2. private kernel ``P(c | m) = x / sum x`` if ``sum x > E_rho`` else uniform;
+2. private kernel ``P(c | m) = x / sum x`` if ``sum x > E_rho`` else uniform (the
+   paper's, ``kernel="zone"``); or, with ``kernel="shared"``, one demand law per
+   stage fitted to every zone's counts (:mod:`fedqhd.pool.kernels`), with Qtilde the
+   exact expectation over it (:meth:`PoolLearner._fit_shared`);
 3. at each base point b_j of each zone,
    ``Qtilde = sum_c P(c|m) (r_h(b_j, s'_c) + V_{h+1}(s'_c))`` with the known
    reward scaled to [0, 1] and ``s'_c`` the cell representatives. The scale is
@@ -30,7 +33,11 @@ from collections.abc import Callable
 import numpy as np
 
 from fedqhd.pool.counts import NoisyCounts
+from fedqhd.pool.kernels import Transition, cell_map, demand_grid, shared_kernel
 from fedqhd.pool.projection import project_counts
+from fedqhd.pool.zones import PostDecisionZones, _grid_nodes, multilinear_weights
+
+KERNELS = ("zone", "shared")  #: next-state kernel estimators; "zone" is the paper's
 
 RewardFn = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
 
@@ -86,6 +93,15 @@ class PoolLearner:
         Candidate actions for ``max_a``; default :func:`candidate_actions`.
     random_state : int or None
         Seeds the candidate actions when d > 2.
+    kernel : {"zone", "shared"}
+        ``"zone"`` (the paper's): each zone's kernel from its own counts.
+        ``"shared"``: one demand distribution per stage fitted to every zone's counts
+        (:mod:`fedqhd.pool.kernels`; assumes ``s' = transition(u, D)`` with D
+        independent of the post-decision level u; needs post-decision zones). A zone
+        is then known when the stage's total count passes the threshold, and Gamma
+        uses that total.
+    transition : callable (u, D) -> s' or None
+        Needed by ``kernel="shared"``, e.g. ``InventoryModel.next_from_post``.
 
     Attributes
     ----------
@@ -96,6 +112,8 @@ class PoolLearner:
         Pessimistic Q at the base points.
     v_cells_ : ndarray (H + 1, C)
         Value at next-state cell representatives.
+    demand_ : list of ndarray or None
+        Fitted demand weights per stage (``kernel="shared"`` only).
     """
 
     def __init__(self, reward_fn: RewardFn, reward_bounds: Callable[[int], tuple[float, float]],
@@ -103,9 +121,15 @@ class PoolLearner:
                  delta: float = 1e-5, threshold: float | None = None,
                  actions: np.ndarray | None = None, random_state: int | None = 0,
                  reward_scale: str = "common", slack: float | None = None,
-                 threshold_sigmas: float | None = None) -> None:
+                 threshold_sigmas: float | None = None, kernel: str = "zone",
+                 transition: Transition | None = None) -> None:
         if reward_scale not in ("common", "stage"):
             raise ValueError(f"reward_scale must be 'common' or 'stage', got {reward_scale!r}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        if kernel == "shared" and transition is None:
+            raise ValueError("kernel='shared' needs the transition s' = g(u, D)")
+        self.kernel, self.transition = kernel, transition
         self.reward_fn = reward_fn
         self.reward_bounds = reward_bounds
         self.reward_scale = reward_scale
@@ -125,6 +149,9 @@ class PoolLearner:
             raise TypeError("PoolLearner.fit takes a NoisyCounts release, not raw data")
         H, Z, C = counts.n_sas.shape
         self.zones_, self.cells_ = counts.zones, counts.cells
+        if self.kernel == "shared" and not isinstance(self.zones_, PostDecisionZones):
+            raise ValueError("kernel='shared' needs post-decision zones "
+                             f"(zoning='post-decision'), got {self.zones_.kind!r}")
         w = self.cells_.w
         n_dims = w + self.action_dim
         if self.threshold is not None:
@@ -142,11 +169,15 @@ class PoolLearner:
         self.coef_: list = [None] * H
         self.qbar_: list = [None] * H
         self.v_cells_ = np.zeros((H + 1, C))
+        self.demand_: list = [None] * H
         bounds = [self.reward_bounds(h) for h in range(H)]
         if self.reward_scale == "common":
             common = (min(b[0] for b in bounds), max(b[1] for b in bounds))
             bounds = [common] * H
         self.reward_range_ = bounds
+        if self.kernel == "shared":
+            self._fit_shared(counts, iota)
+            return self
         for h in reversed(range(H)):
             x = project_counts(counts.n_sas[h], counts.n_sa[h], self.slack_)
             n_t = x.sum(-1)
@@ -159,15 +190,57 @@ class PoolLearner:
             r = np.broadcast_to(r, pts.shape[:2] + (C,))
             q_t = np.einsum("zc,zpc->zp", p, np.clip(r, 0, 1)) + (p @ v_next)[:, None]
             var = np.maximum(p @ v_next**2 - (p @ v_next) ** 2, 0.0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                gamma = (self.c1 * np.sqrt(var * iota / (n_t - self.e_rho_))
-                         + self.c2 * C * H * self.e_rho_ * iota / n_t)
-            gamma = np.where(known, gamma, self.c_fallback * H)
-            qbar = np.clip(q_t - gamma[:, None], 0.0, H - h)
-            self.qbar_[h] = qbar
-            self.coef_[h] = self.zones_.interpolator(h, qbar)
+            self._pessimise(h, q_t, var, n_t, known, iota, C)
             self.v_cells_[h] = self._q_grid(h, reps).max(-1)
         return self
+
+    def _pessimise(self, h: int, q_t: np.ndarray, var: np.ndarray, n_t: np.ndarray,
+                   known: np.ndarray, iota: float, n_cells: int) -> None:
+        """Qbar = min(Qtilde - Gamma, H - h)^+ at the base points; store it and its interpolator."""
+        H = self.horizon_
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gamma = (self.c1 * np.sqrt(var * iota / (n_t - self.e_rho_))
+                     + self.c2 * n_cells * H * self.e_rho_ * iota / n_t)
+        gamma = np.where(known, gamma, self.c_fallback * H)
+        qbar = np.clip(q_t - gamma[:, None], 0.0, H - h)
+        self.qbar_[h] = qbar
+        self.coef_[h] = self.zones_.interpolator(h, qbar)
+
+    def _fit_shared(self, counts: NoisyCounts, iota: float) -> None:
+        """Backward pass with one fitted demand law per stage (``kernel="shared"``).
+
+        With the demand law known on a grid, Qtilde at a zone's level u is the exact
+        expectation over demand, ``sum_g q_g (r(u, g(u, D_g)) + V_{h+1}(g(u, D_g)))``,
+        with V_{h+1} interpolated multilinearly on a state grid, instead of the
+        expectation over next-state cells at their representatives (whose rounding
+        grows into a jagged Q as zones get finer). Counts enter only through q.
+        """
+        assert self.transition is not None and isinstance(self.zones_, PostDecisionZones)
+        H, Z, C = counts.n_sas.shape
+        w = self.cells_.w
+        u = self.zones_.post_points(0)  # the same levels at every stage
+        self.demand_grid_ = demand_grid(w)
+        cmap = cell_map(u, self.demand_grid_, self.transition, self.cells_)
+        nxt = self.transition(u[:, None, :], self.demand_grid_[None])  # (Z, G, w)
+        k_v = max(2, min(11, int(np.floor(512 ** (1.0 / w) + 1e-9))))  # V's state grid
+        self.v_states_ = _grid_nodes(k_v, w)
+        self.v_grid_ = np.zeros((H + 1, k_v**w))
+        ids, wts = multilinear_weights(nxt, k_v)
+        pts = self.zones_.base_points(0)[:, 0]  # (Z, w+d)
+        cell_ids, cell_wts = multilinear_weights(self.cells_.representatives(), k_v)
+        for h in reversed(range(H)):
+            x = project_counts(counts.n_sas[h], counts.n_sa[h], self.slack_)
+            _, q = shared_kernel(x, cmap, C)
+            self.demand_[h] = q
+            n_t = np.full(Z, x.sum())
+            lo, hi = self.reward_range_[h]
+            r = np.clip((self.reward_fn(h, pts[:, None, :], nxt) - lo) / (hi - lo), 0.0, 1.0)
+            v = np.einsum("zgk,zgk->zg", self.v_grid_[h + 1][ids], wts)
+            q_t = (r + v) @ q
+            var = np.maximum(v**2 @ q - (v @ q) ** 2, 0.0)
+            self._pessimise(h, q_t[:, None], var, n_t, n_t > self.e_rho_, iota, C)
+            self.v_grid_[h] = self._q_grid(h, self.v_states_).max(-1)
+            self.v_cells_[h] = np.einsum("ck,ck->c", self.v_grid_[h][cell_ids], cell_wts)
 
     # -------------------------------------------------------------- predict
     def q_values(self, h: int, points: np.ndarray) -> np.ndarray:

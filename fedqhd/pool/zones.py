@@ -173,6 +173,26 @@ def _grid_nodes(k: int, dims: int) -> np.ndarray:
     return ((np.arange(k**dims)[:, None] // mult[None, :]) % k) / (k - 1)
 
 
+def multilinear_weights(u: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Node ids (..., 2^p) and weights (..., 2^p) interpolating on ``linspace(0, 1, k)^p``.
+
+    Corner i has bit j of i as its offset along axis j; the weights are built one axis
+    at a time (an outer product), which keeps evaluation of many points cheap.
+    """
+    u = np.clip(np.asarray(u, dtype=float), 0.0, 1.0)
+    p = u.shape[-1]
+    x = u * (k - 1)
+    lo = np.minimum(np.floor(x), k - 2)
+    f = x - lo  # (..., p) in [0, 1]
+    mult = k ** np.arange(p)
+    offsets = ((np.arange(2**p)[:, None] >> np.arange(p)) & 1) @ mult  # (2^p,)
+    wts = np.ones(u.shape[:-1] + (1,))
+    for j in range(p):
+        fj = f[..., j, None]
+        wts = np.concatenate([wts * (1.0 - fj), wts * fj], axis=-1)
+    return (lo.astype(np.int64) @ mult)[..., None] + offsets, wts
+
+
 class PostDecisionZones(_Region):
     """Zones over a post-decision state ``u = post(b)`` in ``[0, 1]^p``.
 
@@ -211,15 +231,17 @@ class PostDecisionZones(_Region):
         self.nodes = _nodes_per_axis(n_zones, self.post_dim)
         self.n_zones = self.nodes**self.post_dim
         self._mult = self.nodes ** np.arange(self.post_dim)
-        corners = (np.arange(2**self.post_dim)[:, None] >> np.arange(self.post_dim)) & 1
-        self._corners = corners.astype(np.int64)  # (2^p, p)
 
     def zone_of(self, h: int, b: np.ndarray) -> np.ndarray:
         z = _node_index(self.post(b), self.nodes) @ self._mult
         return np.where(self.observable(h, b), z, -1)
 
+    def post_points(self, h: int) -> np.ndarray:
+        """(Z, p) post-decision level of each zone's node (where Q is estimated)."""
+        return _grid_nodes(self.nodes, self.post_dim)
+
     def base_points(self, h: int) -> np.ndarray:
-        return self.point(_grid_nodes(self.nodes, self.post_dim))[:, None, :]  # (Z, 1, n)
+        return self.point(self.post_points(h))[:, None, :]  # (Z, 1, n)
 
     def interpolator(self, h: int, qbar: np.ndarray) -> dict[str, np.ndarray]:
         return {"value": qbar[:, 0]}
@@ -227,13 +249,8 @@ class PostDecisionZones(_Region):
     def weights(self, h: int, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Multilinear weights: (zone ids (..., 2^p), weights (..., 2^p)) of points b."""
         bl = self.to_boundary(h, np.asarray(b, dtype=float))
-        u = np.clip(self.post(1.0 - bl if self.feedback == "higher" else bl), 0.0, 1.0)
-        x = u * (self.nodes - 1)
-        lo = np.minimum(np.floor(x), self.nodes - 2).astype(np.int64)
-        f = x - lo  # (..., p) in [0, 1]
-        idx = lo[..., None, :] + self._corners  # (..., 2^p, p)
-        wts = np.prod(np.where(self._corners == 1, f[..., None, :], 1.0 - f[..., None, :]), -1)
-        return idx @ self._mult, wts
+        return multilinear_weights(self.post(1.0 - bl if self.feedback == "higher" else bl),
+                                   self.nodes)
 
     def interpolate(self, h: int, coef: dict[str, np.ndarray], b: np.ndarray) -> np.ndarray:
         ids, wts = self.weights(h, b)
