@@ -10,7 +10,9 @@ clients. The attacker is client 9; it trains honestly and then alters its reply:
 * ``claim``: it claims ``num-transitions`` = 1e12;
 * ``rotate``: it sends its readout negated, under a new partition id every round
   (``FedQHDAvg(aggregate="latest")`` would keep every id as another client);
-* ``fail30``: no attacker; clients 7, 8 and 9 raise in training every round.
+* ``fail30``: no attacker; clients 7, 8 and 9 raise in training every round
+  (``fail30-evaluate``: in evaluation; ``fail30-both``: in both; these two with
+  heterogeneous encoders, setting ``anchor``, whose evaluation is federated).
 
 ``plain`` is the behaviour before issue 11: weighted mean, no norm bound, no weight
 cap, no identity binding (switched off here by patching the registry to accept every
@@ -18,6 +20,7 @@ claim). ``defaults`` is the shipped configuration; ``median`` and ``trimmed-mean
 ``aggregation`` on top of the defaults.
 
     OMP_NUM_THREADS=1 python benchmarks/attack.py --seeds 0 1 2 --out attack.json
+    OMP_NUM_THREADS=1 python benchmarks/attack.py --only failures --seeds 0 1 2 3 4 5
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "median": {"aggregation": "median"},
     "trimmed-mean": {"aggregation": "trimmed-mean"},
+    # heterogeneous encoders: FedQHDAnchor, with federated evaluation
+    "anchor": {"encoder": "heterogeneous"},
 }
 
 
@@ -75,14 +80,30 @@ def altered_app(alter: Callable[[dict, dict, int], tuple[dict, dict]]) -> Client
     return app
 
 
-def failing_app() -> ClientApp:
+def failing_app(stages: tuple[str, ...] = ("train",)) -> ClientApp:
+    """A client that raises in the given stages every round and is honest otherwise."""
     app = ClientApp()
 
     @app.train()
     def train(msg: Message, context) -> Message:
-        raise RuntimeError("this client fails every round")
+        if "train" in stages:
+            raise RuntimeError("this client fails in training every round")
+        return honest_app(msg, context)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context) -> Message:
+        if "evaluate" in stages:
+            raise RuntimeError("this client fails in evaluation every round")
+        return honest_app(msg, context)
 
     return app
+
+
+#: 30 % of the clients (7, 8, 9) failing in these stages every round
+FAILURES: dict[str, tuple[str, ...]] = {
+    "fail30": ("train",), "fail30-evaluate": ("evaluate",),
+    "fail30-both": ("train", "evaluate")}
+FAILING = (7, 8, 9)
 
 
 def _scale(arrays, metrics, rnd):
@@ -105,10 +126,19 @@ def apps_for(attack: str) -> list[ClientApp]:
     apps = [honest_app] * N_CLIENTS
     if attack in ATTACKS:
         apps[ATTACKER] = altered_app(ATTACKS[attack])
-    elif attack == "fail30":
-        for i in (7, 8, 9):
-            apps[i] = failing_app()
+    elif attack in FAILURES:
+        for i in FAILING:
+            apps[i] = failing_app(FAILURES[attack])
     return apps
+
+
+def expected_failures(attack: str, rounds: int, federated_evaluation: bool) -> dict[str, int]:
+    """The reply counts a run with ``attack`` must record (every client sampled)."""
+    stages = FAILURES.get(attack, ())
+    out = {"train-failed": rounds * len(FAILING) * ("train" in stages)}
+    if federated_evaluation:
+        out["evaluate-failed"] = rounds * len(FAILING) * ("evaluate" in stages)
+    return out
 
 
 @contextmanager
@@ -142,9 +172,15 @@ def run(seed: int, attack: str, setting: str, rounds: int) -> dict[str, Any]:
             final, out_dir = run_federation(grid, cfg)
         rows = json.loads((out_dir / "results.json").read_text())["rounds"]
     last = rows[-1]
+    federated_evaluation = cfg.encoder == "heterogeneous"
+    counted = {"train-failed": sum(r[C.REPLIES_FAILED] for r in rows)}
+    if federated_evaluation:
+        counted["evaluate-failed"] = sum(r["evaluate-" + C.REPLIES_FAILED] for r in rows)
     return {"seed": seed, "attack": attack, "setting": setting,
             "return": final["return-mean"], "status": final["status"],
             "clients-averaged": last.get(C.CLIENTS_AVERAGED),
+            "failed-counted": counted,
+            "counts-exact": counted == expected_failures(attack, rounds, federated_evaluation),
             "replies": final["replies"], "seconds": round(time.time() - started, 1)}
 
 
@@ -153,11 +189,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", default="")
+    parser.add_argument("--only", choices=["attacks", "failures"], default=None,
+                        help="the attack cases, or the failure cases (both strategies)")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.ERROR)
-    cases = [("clean", s) for s in SETTINGS]
-    cases += [(a, s) for a in ATTACKS for s in SETTINGS]
-    cases += [("fail30", "plain"), ("fail30", "defaults"), ("fail30", "median")]
+    cases: list[tuple[str, str]] = []
+    if args.only != "failures":
+        shared = [s for s in SETTINGS if s != "anchor"]
+        cases += [("clean", s) for s in shared] + [(a, s) for a in ATTACKS for s in shared]
+    if args.only != "attacks":
+        # (plain averaging treats a failed reply as the defaults do: no separate row)
+        cases += [("clean", "defaults"), ("clean", "anchor")] if args.only else []
+        cases += [("fail30", "defaults"), ("fail30", "median")]
+        cases += [("clean", "anchor")] * (not args.only) + [(f, "anchor") for f in FAILURES]
     results = []
     for seed in args.seeds:
         for attack, setting in cases:
@@ -169,15 +213,21 @@ def main() -> None:
                     json.dump(results, f, indent=1)
     print()
     print("| attack | setting | " + " | ".join(f"seed {s}" for s in args.seeds)
-          + " | mean | vs clean |")
-    print("|---|---|" + "---|" * (len(args.seeds) + 2))
-    clean = float(np.mean([r["return"] for r in results
-                           if r["attack"] == "clean" and r["setting"] == "defaults"]))
+          + " | mean | vs clean | failures counted exactly |")
+    print("|---|---|" + "---|" * (len(args.seeds) + 3))
+
+    def clean(setting: str) -> float:  # the anchor runs compare with clean anchor runs
+        base = "anchor" if setting == "anchor" else "defaults"
+        return float(np.mean([r["return"] for r in results
+                              if r["attack"] == "clean" and r["setting"] == base]))
+
     for attack, setting in cases:
-        rets = [r["return"] for r in results if r["attack"] == attack and r["setting"] == setting]
+        got = [r for r in results if r["attack"] == attack and r["setting"] == setting]
+        rets = [r["return"] for r in got]
         mean = float(np.mean(rets))
+        exact = "yes" if all(r["counts-exact"] for r in got) else "NO"
         print(f"| {attack} | {setting} | " + " | ".join(f"{x:.1f}" for x in rets)
-              + f" | {mean:.1f} | {100 * (mean / clean - 1):+.0f}% |")
+              + f" | {mean:.1f} | {100 * (mean / clean(setting) - 1):+.0f}% | {exact} |")
 
 
 if __name__ == "__main__":
