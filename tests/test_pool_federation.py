@@ -148,6 +148,12 @@ def test_federated_pool_run_reports_a_finite_gap(tmp_path):
         assert math.isfinite(row[C.GAP_OWN]) and math.isfinite(row[C.GAP_INFORMED])
     assert data["final"]["gap-percent"] == data["rounds"][-1][C.GAP]
     assert data["strategy"] == "anchor"
+    # what the run shows a user is POOL's: the gaps it plots, not a greedy return of nan
+    from fedqhd.learners.pool import LEARNER
+
+    assert all(key in row for key, _ in LEARNER.curves.lines for row in data["rounds"])
+    line = LEARNER.final_line(data["final"])
+    assert f"gap {data['final']['gap-percent']:.1f}%" in line and "nan" not in line
 
 
 def test_run_config_ties_learners_to_their_tasks():

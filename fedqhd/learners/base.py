@@ -17,6 +17,8 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp.strategy import Strategy
 
+from fedqhd.strategies import contract as C
+
 if TYPE_CHECKING:
     from fedqhd.config import RunConfig
 
@@ -47,11 +49,34 @@ class ServerPlan:
     run_info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Curves:
+    """What a run's ``learning_curve.png`` shows: per-round metrics of the left panel
+    (``(key, legend label)``; a ``band`` key draws +- that metric around the first line),
+    and the diagnostics of the right one (the first key present in the rows)."""
+
+    ylabel: str
+    lines: tuple[tuple[str, str], ...]
+    band: tuple[str, str] | None = None
+    diagnostics: tuple[tuple[str, str], ...] = ()
+
+
+RETURN_CURVES = Curves(
+    "greedy return", ((C.RETURN_MEAN, "greedy return, mean over episodes"),),
+    band=(C.RETURN_STD, "+- std over evaluation episodes"),
+    diagnostics=((C.BELLMAN_RESIDUAL, "RMS Bellman residual (clients)"),
+                 (C.PROJECTION_RESIDUAL, "teacher projection residual")))
+
+
 class Learner(Protocol):
     """One entry of the learner registry (:mod:`fedqhd.learners`)."""
 
     name: str
     log_label: str  #: how the round's log line starts ("fedqhd round 3/20: ...")
+    curves: Curves  #: what the run's learning-curve figure plots
+
+    def title(self, cfg: RunConfig) -> str:
+        """The figure's title: the task and what learned it."""
 
     def check_config(self, cfg: RunConfig) -> str | None:
         """A problem with ``cfg`` for this learner (names the key), or ``None``."""
@@ -64,6 +89,9 @@ class Learner(Protocol):
 
     def final_report(self, plan: ServerPlan, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         """Extra entries for ``results.json``'s ``final`` (e.g. privacy ledgers)."""
+
+    def final_line(self, final: dict[str, Any]) -> str:
+        """The log line of the run's end (its ``final`` entry)."""
 
     def train(self, context: Context, cfg: RunConfig, arrays: Arrays
               ) -> tuple[Arrays | None, Metrics]:

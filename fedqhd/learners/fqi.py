@@ -29,7 +29,14 @@ from fedqhd.config import RunConfig
 from fedqhd.data import Shard, ShardLimits, client_shard
 from fedqhd.encoders import HDEncoder, heterogeneous_encoder_params, shared_encoder_params
 from fedqhd.envs import ENV_IDS, batch_rollout_returns, get_spec, has_heuristic
-from fedqhd.learners.base import Arrays, Metrics, ServerPlan, env_problem, partition
+from fedqhd.learners.base import (
+    RETURN_CURVES,
+    Arrays,
+    Metrics,
+    ServerPlan,
+    env_problem,
+    partition,
+)
 from fedqhd.learners.cache import BoundedCache
 from fedqhd.memory import GIB, FitMemoryError, available_memory, fit_memory, format_bytes
 from fedqhd.readout import RidgeFQI, RidgeSystem, StreamingRidgeFQI, chunked_grams
@@ -340,6 +347,10 @@ class FQI:
 
     name = "fqi"
     log_label = "fedqhd"
+    curves = RETURN_CURVES
+
+    def title(self, cfg: RunConfig) -> str:
+        return f"{cfg.env_id}: FQI, {cfg.resolved_strategy}, {cfg.encoder} encoder"
 
     def check_config(self, cfg: RunConfig) -> str | None:
         problem = env_problem(self.name, tuple(ENV_IDS), cfg.env_id)
@@ -400,6 +411,11 @@ class FQI:
 
     def final_report(self, plan: ServerPlan, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
+
+    def final_line(self, final: dict[str, Any]) -> str:
+        nan = float("nan")
+        return (f"final greedy return {final.get('return-mean') or nan:.1f} +- "
+                f"{final.get('return-std') or nan:.1f} after {final.get('round')} rounds")
 
     def train(self, context: Context, cfg: RunConfig, arrays: Arrays
               ) -> tuple[Arrays | None, Metrics]:

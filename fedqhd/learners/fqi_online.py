@@ -25,7 +25,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 
 from fedqhd.config import RunConfig
 from fedqhd.data.partition import partition_settings
-from fedqhd.learners.base import Arrays, Metrics, ServerPlan, partition
+from fedqhd.learners.base import Arrays, Curves, Metrics, ServerPlan, partition
 from fedqhd.learners.fqi import FQI, client_encoder, greedy_return
 from fedqhd.online import (
     OnlineClient,
@@ -86,6 +86,15 @@ class FQIOnline(FQI):
     """Registry entry ``fqi-online`` (run config ``learner = "fqi"``, ``protocol = "online"``)."""
 
     name = "fqi-online"
+    curves = Curves("return", ((C.RETURN_MEAN, "greedy return, mean over episodes"),
+                               (TRAIN_RETURN_LAST100, "training return, clients' last 100 "
+                                                      "episodes (the paper's metric)")),
+                    band=(C.RETURN_STD, "+- std of the greedy return over episodes"),
+                    diagnostics=FQI.curves.diagnostics)
+
+    def title(self, cfg: RunConfig) -> str:
+        return (f"{cfg.env_id}: online FQI, {cfg.resolved_strategy}, {cfg.encoder} encoder, "
+                f"{cfg.episodes_per_round} episodes per round")
 
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
         # every client replies every round with what it just learned: plain averaging

@@ -20,7 +20,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 
 from fedqhd.config import RunConfig
 from fedqhd.envs.inventory import ENV_ID
-from fedqhd.learners.base import Arrays, Metrics, ServerPlan, env_problem, partition
+from fedqhd.learners.base import (
+    Arrays,
+    Curves,
+    Metrics,
+    ServerPlan,
+    env_problem,
+    partition,
+)
 from fedqhd.pool.counts import NoisyCounts
 from fedqhd.pool.federated import (
     ClientPrivacy,
@@ -107,6 +114,20 @@ class Pool:
 
     name = "pool"
     log_label = "fedqhd pool"
+    curves = Curves("gap to the optimal cost c* (%), lower is better",
+                    ((C.GAP, "federated policy (teacher compiled)"),
+                     (C.GAP_INFORMED, "clients, teacher-informed"),
+                     (C.GAP_OWN, "clients alone")),
+                    diagnostics=((C.PROJECTION_RESIDUAL, "teacher projection residual"),))
+
+    def title(self, cfg: RunConfig) -> str:
+        privacy = "non-private" if cfg.non_private else f"rho = {cfg.pool_rho:g}"
+        return f"{cfg.env_id}: POOL ({privacy}), {cfg.resolved_strategy} teacher"
+
+    def final_line(self, final: dict[str, Any]) -> str:
+        gap = final.get("gap-percent")
+        return (f"final federated gap {gap if gap is not None else float('nan'):.1f}% after "
+                f"{final.get('round')} rounds")
 
     def check_config(self, cfg: RunConfig) -> str | None:
         problem = env_problem(self.name, ENV_IDS, cfg.env_id)

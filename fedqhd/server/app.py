@@ -119,7 +119,8 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
             cfg.num_server_rounds)
     else:
         log(INFO, "fedqhd: results of this run go to %s", out_dir)
-    recorder = RunRecorder(cfg, out_dir, plan.run_info,
+    recorder = RunRecorder(cfg, out_dir, plan.run_info, curves=learner.curves,
+                           title=learner.title(cfg),
                            rows=resume.rows if resume is not None else None,
                            rows_bytes=resume.checkpoint.rows_bytes if resume is not None else 0)
     latest = {"arrays": initial}
@@ -160,9 +161,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
     status = run_status(recorder.rounds, cfg)
     report = learner.final_report(plan, recorder.rounds) or {}
     final = recorder.finish(C.from_array_record(latest["arrays"]), {**status, **report, **extra})
-    log(INFO, "fedqhd: final greedy return %.1f +- %.1f after %s rounds; results in %s",
-        final["return-mean"] or float("nan"), final["return-std"] or float("nan"),
-        final["round"], out_dir)
+    log(INFO, "%s: %s; results in %s", learner.log_label, learner.final_line(final), out_dir)
     if final["status"] == "failed":
         log(ERROR, "fedqhd: run FAILED: %s", final["reason"])
     return final, out_dir

@@ -17,6 +17,7 @@ import numpy as np
 from fedqhd import __version__
 from fedqhd.config import RunConfig
 from fedqhd.files import append_line, atomic_save, atomic_write
+from fedqhd.learners.base import RETURN_CURVES, Curves
 
 ROUNDS = "rounds.jsonl"    #: one JSON object per round, appended as rounds end
 RESULTS = "results.json"   #: the run's rounds and its final entry, written when it ends
@@ -75,9 +76,12 @@ class RunRecorder:
     """
 
     def __init__(self, cfg: RunConfig, out_dir: Path, extra: dict[str, Any] | None = None,
-                 rows: list[dict[str, Any]] | None = None, rows_bytes: int = 0):
+                 rows: list[dict[str, Any]] | None = None, rows_bytes: int = 0,
+                 curves: Curves | None = None, title: str = ""):
         self.cfg = cfg
         self.out_dir = out_dir
+        self.curves = curves or RETURN_CURVES
+        self.title = title or f"{cfg.env_id}: {cfg.resolved_strategy}, {cfg.encoder} encoder"
         self.rounds: list[dict[str, Any]] = list(rows or [])
         #: bytes of rounds.jsonl holding self.rounds (what a checkpoint records)
         self.rows_bytes = int(rows_bytes)
@@ -121,35 +125,55 @@ class RunRecorder:
         return final
 
     def plot(self) -> Path:
-        """Learning curve: greedy return per round (mean +- std), Bellman residual and,
-        for ADMM clients, the consensus gap."""
+        """The learning curve this learner defines (:class:`~fedqhd.learners.base.Curves`):
+        its metrics per round (with their band) on the left, the first diagnostic present
+        (Bellman or projection residual) and, for ADMM clients, the consensus gap on the
+        right; integer round ticks; no empty panel."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
 
-        rows = [r for r in self.rounds if "return-mean" in r]
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-        if rows:
-            x = np.array([r["round"] for r in rows])
-            m = np.array([r["return-mean"] for r in rows])
-            s = np.array([r.get("return-std", 0.0) for r in rows])
-            axes[0].plot(x, m, marker="o")
-            axes[0].fill_between(x, m - s, m + s, alpha=0.25)
-        axes[0].set(xlabel="round", ylabel="greedy return",
-                    title=f"{self.cfg.env_id}: {self.cfg.resolved_strategy}, "
-                          f"{self.cfg.encoder} encoder")
-        res = [(r["round"], r["bellman-residual"]) for r in self.rounds if "bellman-residual" in r]
-        if res:
-            axes[1].plot(*zip(*res, strict=True), marker=".")
-        axes[1].set(xlabel="round", ylabel="RMS Bellman residual (clients)",
-                    title="local fit")
+        curves = self.curves
         gap = [(r["round"], r["consensus-gap"]) for r in self.rounds if "consensus-gap" in r]
-        if gap:  # ADMM clients: how far local readouts are from the consensus
-            twin = axes[1].twinx()
-            twin.semilogy(*zip(*gap, strict=True), color="tab:orange", marker=".")
-            twin.set_ylabel("consensus gap (ADMM)", color="tab:orange")
-            axes[1].set_title("local fit and consensus")
+        diagnostic = next(((key, label) for key, label in curves.diagnostics
+                           if any(key in r for r in self.rounds)), None)
+        right = diagnostic is not None or bool(gap)
+        fig, axes = plt.subplots(1, 1 + right, figsize=(10 if right else 6, 3.8), squeeze=False)
+        ax = axes[0, 0]
+        for i, (key, label) in enumerate(curves.lines):
+            rows = [r for r in self.rounds if isinstance(r.get(key), int | float)]
+            if not rows:
+                continue
+            x = np.array([r["round"] for r in rows])
+            m = np.array([r[key] for r in rows], dtype=float)
+            (line,) = ax.plot(x, m, marker="o" if i == 0 else ".", label=label)
+            if i == 0 and curves.band is not None:
+                s = np.array([r.get(curves.band[0], 0.0) for r in rows], dtype=float)
+                ax.fill_between(x, m - s, m + s, alpha=0.2, color=line.get_color(),
+                                label=curves.band[1])
+        ax.set(xlabel="round", ylabel=curves.ylabel, title=self.title)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        panels = [ax]
+        if right:
+            ax2 = axes[0, 1]
+            panels.append(ax2)
+            if diagnostic is not None:
+                key, label = diagnostic
+                ax2.plot(*zip(*[(r["round"], r[key]) for r in self.rounds if key in r],
+                               strict=True), marker=".")
+                ax2.set(ylabel=label, title="diagnostics")
+                ax2.ticklabel_format(axis="y", useOffset=False)
+            ax2.set_xlabel("round")
+            if gap:  # ADMM clients: how far local readouts are from the consensus
+                twin = ax2.twinx()
+                twin.semilogy(*zip(*gap, strict=True), color="tab:orange", marker=".")
+                twin.set_ylabel("consensus gap (ADMM)", color="tab:orange")
+                ax2.set_title("local fit and consensus")
+        for panel in panels:
+            panel.xaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()
         path = self.out_dir / "learning_curve.png"
         fig.savefig(path, dpi=110)
