@@ -12,6 +12,7 @@ from fedqhd.envs.inventory import (
     relative_gap,
 )
 from fedqhd.pool import client_release, fit_method, make_pool_learner, make_zoning
+from fedqhd.pool.counts import count_visits
 from fedqhd.pool.kernels import cell_map, demand_grid, fit_shared_demand, push_forward
 from fedqhd.pool.projection import project_counts
 from fedqhd.privacy import NumpyNoise, PrivacyLedger
@@ -129,3 +130,95 @@ def test_cli_defaults_to_the_shared_kernel_and_keeps_the_paper_one_flag_away():
     assert cli._base(a).kernel == "zone" and cli._tag(a) == "_norm"
     a = p.parse_args(["pool", "rho", "--kernel", "zone"])
     assert cli._base(a).kernel == "zone" and cli._tag(a) == "_zone-kernel"
+
+
+def test_clipped_excess_is_the_mass_clipping_adds():
+    from fedqhd.pool.kernels import clipped_excess
+
+    rng = np.random.default_rng(0)
+    for mu in (0.0, 2.0, 10.0):
+        mc = np.maximum(mu + 3.7 * rng.standard_normal(400_000), 0.0).mean() - mu
+        assert clipped_excess(np.array(mu), 3.7) == pytest.approx(mc, abs=0.02)
+    assert clipped_excess(np.array(0.0), 3.7) == pytest.approx(3.7 / math.sqrt(2 * math.pi))
+    assert clipped_excess(np.array(5.0), 0.0) == 0.0
+
+
+def _clipped_release(n_zones, per_zone, seed, sigma=3.7):
+    """Counts of ``per_zone`` transitions per zone, Gaussian noise, clipped at zero."""
+    m = _skewed_model()
+    zones, cells = make_zoning(2, 2, 3, n_zones, zoning="post-decision", model=m)
+    dem = demand_grid(2)
+    cmap = cell_map(zones.post_points(0), dem, m.next_from_post, cells)
+    q_true = np.prod(dem * (1 - dem) ** 4, axis=1)
+    q_true /= q_true.sum()
+    p_true = push_forward(q_true, cmap, cells.n_cells)
+    rng = np.random.default_rng(seed)
+    exact = np.stack([rng.multinomial(per_zone, p) for p in p_true]).astype(float)
+    noisy = np.maximum(exact + sigma * rng.standard_normal(exact.shape), 0.0)
+    return noisy, exact, cmap, cells.n_cells, p_true
+
+
+def test_em_models_clipped_noise_with_many_empty_cells():
+    """400 zones x 25 cells, ~12 transitions per zone (5000 in all), sigma 3.7: most cells
+    are empty and clipping adds ~3x the real mass. Modelling it beats face value."""
+    noisy, exact, cmap, n_cells, p_true = _clipped_release(400, 12, seed=1)
+    assert noisy.sum() > 2.5 * exact.sum()  # the regime of issue 9's M = 400
+
+    def err(q):
+        return np.abs(push_forward(q, cmap, n_cells) - p_true).sum(1).mean()
+
+    face = err(fit_shared_demand(noisy, cmap, n_cells))
+    modelled = err(fit_shared_demand(noisy, cmap, n_cells, sigma=3.7))
+    assert modelled < 0.6 * face, (modelled, face)
+    from fedqhd.pool.kernels import fit_demand_and_mass
+
+    _, mass = fit_demand_and_mass(noisy, cmap, n_cells, sigma=3.7)
+    assert abs(mass - exact.sum()) < 0.25 * exact.sum(), (mass, exact.sum())
+    # sigma = 0 is the plain EM, whose mass is the counts' total
+    q0, mass0 = fit_demand_and_mass(exact, cmap, n_cells)
+    assert mass0 == pytest.approx(exact.sum())
+    np.testing.assert_allclose(q0, fit_shared_demand(exact, cmap, n_cells))
+
+
+def test_learner_models_the_clipping_by_default():
+    """The learner's EM gets the release's sigma and Gamma the fitted real mass; 'ignore'
+    keeps round 2's face-value fit (kernel error and phantom mass both larger)."""
+    m = _skewed_model()
+    zones, cells = make_zoning(2, 2, 3, 200, zoning="post-decision", model=m)
+    data = generate_dataset(m, 3000, random_state=2)
+    counts = client_release(data, zones, cells, 1.0, NumpyNoise(3))
+    u = zones.post_points(0)
+    fits = {e: make_pool_learner(m, kernel="shared", threshold_sigmas=3.0, em_noise=e)
+            .fit(counts) for e in ("clipped", "ignore")}
+    assert make_pool_learner(m, kernel="shared").em_noise == "clipped"
+    err = {}
+    for e, learner in fits.items():
+        errs = []
+        for h in range(3):
+            truth = push_forward(np.full(len(m.demand_samples[h]), 1 / len(m.demand_samples[h])),
+                                 cell_map(u, m.demand_samples[h], m.next_from_post, cells),
+                                 cells.n_cells)
+            est = push_forward(learner.demand_[h], cell_map(u, learner.demand_grid_,
+                                                            m.next_from_post, cells),
+                               cells.n_cells)
+            errs.append(np.abs(est - truth).sum(1).mean())
+        err[e] = np.mean(errs)
+    assert err["clipped"] < 0.8 * err["ignore"], err
+    real = count_visits(data.states, data.actions, zones, cells).n_sas.sum((1, 2))
+    for h in range(3):
+        assert abs(fits["clipped"].mass_[h] - real[h]) < 0.15 * real[h]
+    with pytest.raises(ValueError, match="em_noise"):
+        make_pool_learner(m, kernel="shared", em_noise="bogus")
+
+
+def test_cli_em_noise_flag_reproduces_round_two():
+    import argparse
+
+    from fedqhd.pool import cli
+
+    p = argparse.ArgumentParser()
+    cli.register(p.add_subparsers(dest="cmd"))
+    assert cli._base(p.parse_args(["pool", "sweep", "--param", "M", "--values", "50"])
+                     ).em_noise == "clipped"
+    a = p.parse_args(["pool", "rho", "--em-noise", "ignore"])
+    assert cli._base(a).em_noise == "ignore" and cli._tag(a) == "_em-ignore"

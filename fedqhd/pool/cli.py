@@ -48,6 +48,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="next-state kernel: shared (one demand law per stage fitted to all "
                    "zones; needs post-decision zones) or zone (each zone's own counts, the "
                    "paper's); auto: shared for post-decision zones, zone otherwise")
+    p.add_argument("--em-noise", choices=["clipped", "ignore"], default="clipped",
+                   help="shared kernel's EM: model the mass clipping the noise at zero adds "
+                   "(clipped) or take projected counts at face value (ignore; issue 9 round 2)")
     p.add_argument("--n-cells", type=int, default=20, help="next-state cells")
     p.add_argument("--no-progress", action="store_true")
 
@@ -68,13 +71,14 @@ def _base(a: argparse.Namespace) -> Setting:
     return Setting(w=a.w, horizon=a.H, n_zones=a.M, lam=a.lam, rho=a.rho, n_traj=a.n,
                    model=a.model, demand=a.demand, zoning=a.zoning, behaviour=a.behaviour,
                    reward_scale=a.reward_scale, threshold_sigmas=_threshold_sigmas(a),
-                   n_cells=a.n_cells, kernel=_kernel(a))
+                   n_cells=a.n_cells, kernel=_kernel(a), em_noise=a.em_noise)
 
 
 def _tag(a: argparse.Namespace) -> str:
     """File-name suffix: empty for the defaults, else the non-default choices."""
     parts = [] if a.zoning == "post-decision" else [a.zoning]
     parts += [] if a.kernel in ("auto", "shared") else [f"{a.kernel}-kernel"]
+    parts += [] if a.em_noise == "clipped" else [f"em-{a.em_noise}"]
     parts += [] if a.model == "lost_sales" else [a.model]
     parts += [] if a.behaviour == "uniform" else [a.behaviour]
     return "".join(f"_{p}" for p in parts)

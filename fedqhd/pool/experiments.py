@@ -43,6 +43,7 @@ class Setting:
     reward_scale: str = "common"
     threshold_sigmas: float | None = 3.0
     kernel: str = "shared"
+    em_noise: str = "clipped"
     eval_episodes: int = 4000
 
 
@@ -62,7 +63,7 @@ def run_once(s: Setting, method: str, rep: int, seed: int) -> dict:
     t0 = time.perf_counter()
     learner = fit_method(method, model, data, zones, cells, s.rho, random_state=seed + rep,
                          reward_scale=s.reward_scale, threshold_sigmas=s.threshold_sigmas,
-                         kernel=s.kernel)
+                         kernel=s.kernel, em_noise=s.em_noise)
     fit_s = time.perf_counter() - t0
     cost = model.rollout_cost(learner.act, s.eval_episodes, seed + 2000 + rep)
     return {"gap": relative_gap(cost, c_star), "cost": cost, "c_star": c_star, "fit_s": fit_s,

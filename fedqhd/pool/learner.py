@@ -33,11 +33,12 @@ from collections.abc import Callable
 import numpy as np
 
 from fedqhd.pool.counts import NoisyCounts
-from fedqhd.pool.kernels import Transition, cell_map, demand_grid, shared_kernel
+from fedqhd.pool.kernels import Transition, cell_map, demand_grid, fit_demand_and_mass
 from fedqhd.pool.projection import project_counts
 from fedqhd.pool.zones import PostDecisionZones, _grid_nodes, multilinear_weights
 
 KERNELS = ("zone", "shared")  #: next-state kernel estimators; "zone" is the paper's
+EM_NOISE = ("clipped", "ignore")  #: how the shared kernel's EM treats the release's noise
 
 RewardFn = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
 
@@ -102,6 +103,12 @@ class PoolLearner:
         uses that total.
     transition : callable (u, D) -> s' or None
         Needed by ``kernel="shared"``, e.g. ``InventoryModel.next_from_post``.
+    em_noise : {"clipped", "ignore"}
+        ``kernel="shared"`` only. ``"clipped"`` (default): the EM reads the released
+        counts unprojected and models the mass that clipping the Gaussian noise at zero
+        adds to each cell (sigma is public; :func:`~fedqhd.pool.kernels.fit_demand_and_mass`),
+        and Gamma uses the fitted real mass. ``"ignore"``: projected counts taken at face
+        value (round 2 of issue 9; its phantom counts grow with the number of zones).
 
     Attributes
     ----------
@@ -114,6 +121,9 @@ class PoolLearner:
         Value at next-state cell representatives.
     demand_ : list of ndarray or None
         Fitted demand weights per stage (``kernel="shared"`` only).
+    mass_ : list of float or None
+        Real transitions per stage as the EM estimates them, the n of Gamma
+        (``kernel="shared"`` only).
     """
 
     def __init__(self, reward_fn: RewardFn, reward_bounds: Callable[[int], tuple[float, float]],
@@ -122,14 +132,16 @@ class PoolLearner:
                  actions: np.ndarray | None = None, random_state: int | None = 0,
                  reward_scale: str = "common", slack: float | None = None,
                  threshold_sigmas: float | None = None, kernel: str = "zone",
-                 transition: Transition | None = None) -> None:
+                 transition: Transition | None = None, em_noise: str = "clipped") -> None:
         if reward_scale not in ("common", "stage"):
             raise ValueError(f"reward_scale must be 'common' or 'stage', got {reward_scale!r}")
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         if kernel == "shared" and transition is None:
             raise ValueError("kernel='shared' needs the transition s' = g(u, D)")
-        self.kernel, self.transition = kernel, transition
+        if em_noise not in EM_NOISE:
+            raise ValueError(f"em_noise must be one of {EM_NOISE}, got {em_noise!r}")
+        self.kernel, self.transition, self.em_noise = kernel, transition, em_noise
         self.reward_fn = reward_fn
         self.reward_bounds = reward_bounds
         self.reward_scale = reward_scale
@@ -170,6 +182,7 @@ class PoolLearner:
         self.qbar_: list = [None] * H
         self.v_cells_ = np.zeros((H + 1, C))
         self.demand_: list = [None] * H
+        self.mass_: list = [None] * H
         bounds = [self.reward_bounds(h) for h in range(H)]
         if self.reward_scale == "common":
             common = (min(b[0] for b in bounds), max(b[1] for b in bounds))
@@ -213,7 +226,8 @@ class PoolLearner:
         expectation over demand, ``sum_g q_g (r(u, g(u, D_g)) + V_{h+1}(g(u, D_g)))``,
         with V_{h+1} interpolated multilinearly on a state grid, instead of the
         expectation over next-state cells at their representatives (whose rounding
-        grows into a jagged Q as zones get finer). Counts enter only through q.
+        grows into a jagged Q as zones get finer). Counts enter only through q and the
+        fitted mass (``em_noise``).
         """
         assert self.transition is not None and isinstance(self.zones_, PostDecisionZones)
         H, Z, C = counts.n_sas.shape
@@ -229,10 +243,13 @@ class PoolLearner:
         pts = self.zones_.base_points(0)[:, 0]  # (Z, w+d)
         cell_ids, cell_wts = multilinear_weights(self.cells_.representatives(), k_v)
         for h in reversed(range(H)):
-            x = project_counts(counts.n_sas[h], counts.n_sa[h], self.slack_)
-            _, q = shared_kernel(x, cmap, C)
-            self.demand_[h] = q
-            n_t = np.full(Z, x.sum())
+            if self.em_noise == "clipped":
+                q, mass = fit_demand_and_mass(counts.n_sas[h], cmap, C, sigma=counts.sigma)
+            else:
+                x = project_counts(counts.n_sas[h], counts.n_sa[h], self.slack_)
+                q, mass = fit_demand_and_mass(x, cmap, C)
+            self.demand_[h], self.mass_[h] = q, mass
+            n_t = np.full(Z, mass)
             lo, hi = self.reward_range_[h]
             r = np.clip((self.reward_fn(h, pts[:, None, :], nxt) - lo) / (hi - lo), 0.0, 1.0)
             v = np.einsum("zgk,zgk->zg", self.v_grid_[h + 1][ids], wts)
