@@ -183,3 +183,35 @@ def test_adopt_teacher_compiles_a_representable_teacher_exactly(tmp_path, zoning
     np.testing.assert_allclose(pl.anchor_values(adopted, anchors), teacher, atol=1e-2)
     kept, _ = pl.adopt_teacher(own, anchors, teacher, trust=0.0)
     np.testing.assert_allclose(pl.anchor_values(kept, anchors), pl.anchor_values(own, anchors))
+
+
+def test_server_policy_keeps_zones_few_anchors_touch(tmp_path):
+    """The federated policy compiles the teacher with the zero prior: zones that rollout
+    anchors barely touch (the post-decision corner y = (0, 0)) must keep the teacher's
+    value, not be pulled toward zero (issue 9: gaps of 24 % and 19 % on two seeds)."""
+    cfg = _cfg(tmp_path, **{"anchor-source": "rollouts", "num-anchors": 1000, "seed": 6})
+    fits = [pl.fit(cfg, pl.release(cfg, pid, pl.ClientPrivacy.of(cfg, {}))[0]) for pid in (0, 1)]
+    anchors = pl.pool_anchors(cfg)
+    teacher = np.mean([pl.anchor_values(f, anchors) for f in fits], axis=0)
+    mean_qbar = np.mean([f.qbar_[0][:, 0] for f in fits], axis=0)
+    prior = pl.empty_learner(cfg)
+    ids, wts = prior.zones_.weights(0, anchors)
+    touched = np.bincount(ids.ravel(), weights=wts.ravel(), minlength=len(mean_qbar)) > 0
+    assert touched.all()
+    policy, rms = pl.server_policy(prior, anchors, teacher)
+    assert rms < 1e-3
+    np.testing.assert_allclose(policy.qbar_[0][:, 0], mean_qbar, atol=0.02)
+    states = np.random.default_rng(0).random((200, 2))
+    np.testing.assert_allclose(policy.values(0, states),
+                               np.mean([f.values(0, states) for f in fits], axis=0), atol=0.02)
+    # the regime is the one that failed: a ridge of 1e-3 to the zero prior distorts it
+    pulled, _ = pl.adopt_teacher(prior, anchors, teacher, ridge=1e-3)
+    assert np.abs(pulled.qbar_[0][:, 0] - mean_qbar).max() > 0.1
+    # and it is the policy whose gap the server reports
+    from flwr.app import Array, ArrayRecord
+
+    reported = pool_learner.TeacherEvaluator(cfg, anchors)(
+        ArrayRecord({C.TEACHER: Array(teacher)}))
+    assert reported is not None
+    assert reported[C.GAP] == pytest.approx(pl.GapEvaluator(cfg)(policy)[C.GAP])
+    assert reported[C.GAP] != pytest.approx(pl.GapEvaluator(cfg)(pulled)[C.GAP])

@@ -39,6 +39,7 @@ from fedqhd.pool.federated import (
     ledger_metrics,
     pool_anchors,
     release,
+    server_policy,
     zoning,
 )
 from fedqhd.strategies import FedQHDAnchor, PrivacyScreen
@@ -105,7 +106,7 @@ class TeacherEvaluator:
     def __call__(self, arrays: ArrayRecord) -> MetricRecord | None:
         if C.TEACHER not in arrays:
             return None
-        policy, residual = adopt_teacher(self.prior, self.anchors, arrays[C.TEACHER].numpy())
+        policy, residual = server_policy(self.prior, self.anchors, arrays[C.TEACHER].numpy())
         return MetricRecord({**self.gap(policy), C.PROJECTION_RESIDUAL: residual})
 
 
