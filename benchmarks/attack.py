@@ -12,7 +12,9 @@ clients. The attacker is client 9; it trains honestly and then alters its reply:
   (``FedQHDAvg(aggregate="latest")`` would keep every id as another client);
 * ``fail30``: no attacker; clients 7, 8 and 9 raise in training every round
   (``fail30-evaluate``: in evaluation; ``fail30-both``: in both; these two with
-  heterogeneous encoders, setting ``anchor``, whose evaluation is federated).
+  heterogeneous encoders, setting ``anchor``, whose evaluation is federated);
+* ``absent30``: the control, 7 honest clients only (what the failing runs can at best
+  match: the data of 3 clients is missing either way).
 
 ``plain`` is the behaviour before issue 11: weighted mean, no norm bound, no weight
 cap, no identity binding (switched off here by patching the registry to accept every
@@ -123,6 +125,8 @@ ATTACKS = {"scale": _scale, "claim": _claim, "rotate": _rotate}
 
 
 def apps_for(attack: str) -> list[ClientApp]:
+    if attack == "absent30":  # the control: those 30 % never existed (7 honest clients)
+        return [honest_app] * (N_CLIENTS - len(FAILING))
     apps = [honest_app] * N_CLIENTS
     if attack in ATTACKS:
         apps[ATTACKER] = altered_app(ATTACKS[attack])
@@ -202,6 +206,7 @@ def main() -> None:
         cases += [("clean", "defaults"), ("clean", "anchor")] if args.only else []
         cases += [("fail30", "defaults"), ("fail30", "median")]
         cases += [("clean", "anchor")] * (not args.only) + [(f, "anchor") for f in FAILURES]
+        cases += [("absent30", "defaults"), ("absent30", "anchor")]
     results = []
     for seed in args.seeds:
         for attack, setting in cases:
