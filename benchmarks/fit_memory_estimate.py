@@ -25,11 +25,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from benchmarks.streaming_memory import cartpole_shard
     from fedqhd.encoders import shared_encoder_params
     from fedqhd.envs import get_spec
     from fedqhd.learners.fqi import FQILearner
     from fedqhd.memory import fit_memory
+    from fedqhd.perf import cartpole_shard
     from fedqhd.readout import distinct_state_count
 
     spec = get_spec("CartPole-v1")

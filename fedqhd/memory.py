@@ -8,8 +8,9 @@ not the shard, which is loaded already):
 * in memory (:meth:`~fedqhd.readout.RidgeFQI.from_states`): one feature row per
   distinct state, ``states x D`` (``states``: n plus the next states that start no
   transition, n + episodes for shards in episode order; 2 n when unknown), each
-  action's Gram and its Cholesky factor, ``2 x |A| x min(n, D)^2``, and rewards,
-  continues, row and next-row indices, ``4 x n``;
+  action's Gram and its Cholesky factor, ``2 x |A| x min(n, D)^2``, rewards,
+  continues, row and next-row indices, ``4 x n``, and the raw states the encoder
+  reads (gathered float32, then two float64 copies), ``states x 20 obs_dim`` bytes;
 * streamed (:class:`~fedqhd.readout.StreamingRidgeFQI`): each action's Gram and
   factor, ``2 x |A| x D^2``, the chunks a sweep holds (two pairs of states and next
   states, and the encoder's work), ``5 x chunk x D``, and the raw transitions it
@@ -49,7 +50,7 @@ def fit_memory(n: int, dim: int, n_actions: int, streaming: bool, chunk_size: in
     if streaming:
         return (8 * (2 * k * dim * dim + CHUNK_COPIES * min(chunk_size, max(n, 1)) * dim)
                 + n * (8 * int(obs_dim) + 24))
-    return 8 * (rows * dim + 2 * k * min(n, dim) ** 2 + 4 * n)
+    return 8 * (rows * dim + 2 * k * min(n, dim) ** 2 + 4 * n) + rows * 20 * int(obs_dim)
 
 
 def available_memory() -> int | None:

@@ -261,7 +261,7 @@ def test_the_issues_shard_streams_automatically_and_a_too_large_fit_is_refused(m
     encoder = shared_encoder_params(0, 64, 1.0).build(get_spec("CartPole-v1").obs_bound)
     # mutation checked: dropping the `fit_memory(...) > cap` clause of the streaming choice
     # builds the in-memory fit and this assertion fails
-    cap = fit_memory(400, 64, 2, streaming=False, states=401) - 1
+    cap = fit_memory(400, 64, 2, streaming=False, obs_dim=4, states=401) - 1
     learner = FQILearner(shard, encoder, 2, memory_cap=cap, chunk_size=50)
     assert isinstance(learner.fqi, StreamingRidgeFQI)
     assert isinstance(FQILearner(shard, encoder, 2, memory_cap=cap + 1).fqi, RidgeFQI)

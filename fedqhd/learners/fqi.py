@@ -114,7 +114,9 @@ class FQILearner:
         if streaming is None:
             streaming = (states * dim * 8 > budget
                          or (cap is not None
-                             and fit_memory(n, dim, n_actions, False, states=states) > cap))
+                             and fit_memory(n, dim, n_actions, False,
+                                            obs_dim=shard.observations.shape[1],
+                                            states=states) > cap))
         _check_memory(n, dim, int(n_actions), streaming, chunk_size, shard.observations.shape[1],
                       cap, memory_cap is not None, states)
         self.fqi: RidgeFQI | StreamingRidgeFQI
