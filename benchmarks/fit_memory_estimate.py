@@ -25,11 +25,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from benchmarks.streaming_memory import cartpole_shard
     from fedqhd.encoders import shared_encoder_params
     from fedqhd.envs import get_spec
     from fedqhd.learners.fqi import FQILearner
     from fedqhd.memory import fit_memory
+    from fedqhd.perf import cartpole_shard
+    from fedqhd.readout import distinct_state_count
 
     spec = get_spec("CartPole-v1")
     for case in args.cases:
@@ -47,8 +48,11 @@ def main() -> None:
             finally:
                 tracemalloc.stop()
             del learner
-            estimate = fit_memory(n, dim, spec.n_actions, streaming, obs_dim=spec.obs_dim)
-            print(json.dumps({"transitions": n, "dim": dim, "streaming": streaming,
+            states = distinct_state_count(shard.observations, shard.next_observations)
+            estimate = fit_memory(n, dim, spec.n_actions, streaming, obs_dim=spec.obs_dim,
+                                  states=states)
+            print(json.dumps({"transitions": n, "dim": dim, "states": states,
+                              "streaming": streaming,
                               "estimate_bytes": estimate, "traced_peak_bytes": peak,
                               "peak_over_estimate": round(peak / estimate, 3),
                               "seconds": round(time.perf_counter() - start, 1),

@@ -5,10 +5,12 @@ bare ``MemoryError`` (or the kernel's OOM killer) in the middle of encoding a sh
 The estimates count the arrays the fit allocates (float64 features, 8 bytes a number;
 not the shard, which is loaded already):
 
-* in memory (:class:`~fedqhd.readout.RidgeFQI`): the encoded states, next states and
-  the per-action copies of the states, ``3 x n x D``, each action's Gram and its
-  Cholesky factor, ``2 x |A| x min(n, D)^2``, and rewards, continues and row indices,
-  ``3 x n``;
+* in memory (:meth:`~fedqhd.readout.RidgeFQI.from_states`): one feature row per
+  distinct state, ``states x D`` (``states``: n plus the next states that start no
+  transition, n + episodes for shards in episode order; 2 n when unknown), each
+  action's Gram and its Cholesky factor, ``2 x |A| x min(n, D)^2``, rewards,
+  continues, row and next-row indices, ``4 x n``, and the raw states the encoder
+  reads (gathered float32, then two float64 copies), ``states x 20 obs_dim`` bytes;
 * streamed (:class:`~fedqhd.readout.StreamingRidgeFQI`): each action's Gram and
   factor, ``2 x |A| x D^2``, the chunks a sweep holds (two pairs of states and next
   states, and the encoder's work), ``5 x chunk x D``, and the raw transitions it
@@ -27,8 +29,9 @@ import os
 __all__ = ["GIB", "FitMemoryError", "available_memory", "fit_memory", "format_bytes"]
 
 GIB = 1 << 30
-#: copies of the n x D feature matrix the in-memory fit holds at its peak
-IN_MEMORY_COPIES = 3
+#: feature rows per transition the in-memory fit holds when its distinct states are
+#: unknown (states and next states never shared)
+IN_MEMORY_COPIES = 2
 #: chunk x D arrays the streaming fit holds at its peak
 CHUNK_COPIES = 5
 
@@ -38,13 +41,16 @@ class FitMemoryError(MemoryError):
 
 
 def fit_memory(n: int, dim: int, n_actions: int, streaming: bool, chunk_size: int = 4096,
-               obs_dim: int = 0) -> int:
-    """Bytes the fit of ``n`` transitions with ``dim`` features needs (module docstring)."""
+               obs_dim: int = 0, states: int | None = None) -> int:
+    """Bytes the fit of ``n`` transitions with ``dim`` features needs (module docstring);
+    ``states``: distinct states (:func:`fedqhd.readout.distinct_state_count`), default
+    the worst case ``2 n``."""
     n, dim, k = int(n), int(dim), int(n_actions)
+    rows = IN_MEMORY_COPIES * n if states is None else int(states)
     if streaming:
         return (8 * (2 * k * dim * dim + CHUNK_COPIES * min(chunk_size, max(n, 1)) * dim)
                 + n * (8 * int(obs_dim) + 24))
-    return 8 * (IN_MEMORY_COPIES * n * dim + 2 * k * min(n, dim) ** 2 + 3 * n)
+    return 8 * (rows * dim + 2 * k * min(n, dim) ** 2 + 4 * n) + rows * 20 * int(obs_dim)
 
 
 def available_memory() -> int | None:

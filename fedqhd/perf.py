@@ -141,7 +141,7 @@ def cartpole_shard(n: int, seed: int) -> Any:
 def streaming_memory(transitions: int, dim: int, sweeps: int = 2, chunk: int = 4096,
                      seed: int = 0, stream: bool | None = None) -> dict[str, Any]:
     """Peak memory of one client's ``FQILearner`` on a random CartPole shard of
-    ``transitions`` (it streams where ``2 n D`` float64 features exceed its budget, or
+    ``transitions`` (it streams where its float64 feature table exceeds its budget, or
     as ``stream`` says). The peaks are this process's: call it in a fresh process."""
     from fedqhd.encoders import shared_encoder_params
     from fedqhd.envs import get_spec

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
@@ -149,7 +150,8 @@ class RidgeFQI:
     Parameters
     ----------
     features, next_features : ndarray of shape (n, D)
-        Encoded states and next states of the transitions.
+        Encoded states and next states of the transitions (stored as one table,
+        ``2 n x D``; :meth:`from_states` encodes each distinct state once instead).
     actions : ndarray of shape (n,), int
     rewards : ndarray of shape (n,)
     terminated : ndarray of shape (n,), bool
@@ -160,6 +162,9 @@ class RidgeFQI:
         Penalty toward zero.
     proximal : float
         Penalty toward the prior readout given to :meth:`fit` (0: plain FQI).
+    next_rows : ndarray of shape (n,), int, optional
+        Internal (:meth:`from_states`): ``features`` is the table of
+        :func:`state_table_rows` and ``next_features`` is ``None``.
     value_range : "data", (lo, hi) or None
         Where the Bellman targets are kept: ``"data"`` (default) the range the
         rewards of these transitions allow (:func:`value_range`), a pair an
@@ -180,13 +185,14 @@ class RidgeFQI:
         features: np.ndarray,
         actions: np.ndarray,
         rewards: np.ndarray,
-        next_features: np.ndarray,
+        next_features: np.ndarray | None,
         terminated: np.ndarray,
         n_actions: int,
         gamma: float = 0.99,
         ridge: float = 1.0,
         proximal: float = 0.0,
         value_range: str | tuple[float, float] | None = "data",
+        next_rows: np.ndarray | None = None,
     ) -> None:
         actions = np.asarray(actions)
         if actions.size and (actions.min() < 0 or actions.max() >= n_actions):
@@ -197,19 +203,54 @@ class RidgeFQI:
         self.n_actions = int(n_actions)
         self.gamma = float(gamma)
         self.rewards = np.asarray(rewards, dtype=np.float64)
-        self.next_features = np.asarray(next_features, dtype=np.float64)
         self.continues = 1.0 - np.asarray(terminated, dtype=np.float64)
         self.value_range = value_range
         self.q_range_ = _resolve_range(value_range, self.rewards, self.gamma)
-        self.dim = features.shape[1]
         self._rows = [np.flatnonzero(actions == a) for a in range(self.n_actions)]
-        self._systems = [RidgeSystem(features[rows], ridge, proximal) for rows in self._rows]
+        if next_rows is None:  # two matrices: states (grouped by action), then next states
+            n = len(actions)
+            self._table = np.concatenate([np.asarray(features, dtype=np.float64)[
+                np.concatenate(self._rows)], np.asarray(next_features, dtype=np.float64)])
+            self._next_start, self._next_rows = n, np.arange(n)
+        else:  # one table (see from_states): next states are rows of it
+            self._table = np.asarray(features, dtype=np.float64)
+            self._next_start, self._next_rows = 0, np.asarray(next_rows, dtype=np.int64)
+        self.dim = self._table.shape[1]
+        # each action's states are a contiguous block of the table: views, not copies
+        bounds = np.cumsum([0] + [len(rows) for rows in self._rows])
+        self._systems = [RidgeSystem(self._table[lo:hi], ridge, proximal)
+                         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
         self.readout_ = np.zeros((self.dim, self.n_actions))
+
+    @classmethod
+    def from_states(cls, encode: Callable[[np.ndarray], np.ndarray], observations: np.ndarray,
+                    actions: np.ndarray, rewards: np.ndarray, next_observations: np.ndarray,
+                    terminated: np.ndarray, n_actions: int, **kwargs: Any) -> RidgeFQI:
+        """The fit of ``(observations, actions, rewards, next_observations, terminated)``
+        with each distinct state encoded once.
+
+        Why: within an episode a transition's next state is the next transition's state,
+        so encoding states and next states separately stores (and computes) every
+        feature row twice. Here the states (grouped by action) and the next states that
+        do not start the following transition (:func:`chained_next_states`) are encoded
+        as one table, ``n + (episodes)`` rows instead of ``2 n``; next-state features are
+        rows of it. The readouts equal the two-matrix fit's to rounding (1e-12).
+        ``kwargs``: as for the constructor (``gamma``, ``ridge``, ...).
+        """
+        actions = np.asarray(actions)
+        if actions.size and (actions.min() < 0 or actions.max() >= n_actions):
+            raise ValueError(f"actions must lie in [0, {n_actions}), got "
+                             f"[{actions.min()}, {actions.max()}]")
+        order, next_rows, extra = state_table_rows(observations, actions, next_observations)
+        table = encode(np.concatenate([observations[order], next_observations[extra]]))
+        return cls(table, actions, rewards, None, terminated, n_actions,
+                   next_rows=next_rows, **kwargs)
 
     def targets(self, readout: np.ndarray, q_range: RangeArg = "fitted") -> np.ndarray:
         """Bellman targets of every transition under ``readout``, kept in ``q_range``
         (default ``"fitted"``: this fit's ``q_range_``; a pair or ``None`` overrides it)."""
-        best_next = (self.next_features @ readout).max(axis=1)
+        q_next = self._table[self._next_start:] @ readout
+        best_next = q_next.max(axis=1)[self._next_rows]
         q = self.q_range_ if isinstance(q_range, str) else q_range
         return bellman_targets(self.rewards, self.continues, best_next, self.gamma, q)
 
@@ -283,6 +324,49 @@ def _resolve_range(spec: str | tuple[float, float] | None, rewards: np.ndarray,
     if not lo <= hi:
         raise ValueError(f"value_range needs lo <= hi, got ({lo}, {hi})")
     return lo, hi
+
+
+def chained_next_states(observations: np.ndarray, next_observations: np.ndarray) -> np.ndarray:
+    """``chained[i]``: transition ``i``'s next state is transition ``i + 1``'s state (equal
+    numbers), so its features need not be encoded again. False at episode ends and for
+    shards whose rows are not in episode order (then nothing is shared, nothing is wrong)."""
+    obs = np.asarray(observations)
+    chained = np.zeros(len(obs), dtype=bool)
+    if len(obs) > 1:
+        nxt = np.asarray(next_observations)
+        chained[:-1] = (nxt[:-1] == obs[1:]).reshape(len(obs) - 1, -1).all(axis=1)
+    return chained
+
+
+def state_table_rows(observations: np.ndarray, actions: np.ndarray,
+                     next_observations: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of the one feature table :meth:`RidgeFQI.from_states` encodes.
+
+    Returns ``(order, next_rows, extra)``: the table is the states in ``order`` (grouped
+    by action, stable, so each action's states are one contiguous block) followed by the
+    next states of the transitions ``extra`` (those not chained, see
+    :func:`chained_next_states`); ``next_rows[i]`` is the table row of transition
+    ``i``'s next state."""
+    actions = np.asarray(actions)
+    n = len(actions)
+    order = np.argsort(actions, kind="stable")
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
+    chained = chained_next_states(observations, next_observations)
+    extra = np.flatnonzero(~chained)
+    next_rows = np.empty(n, dtype=np.int64)
+    chained_rows = np.flatnonzero(chained)
+    next_rows[chained_rows] = position[chained_rows + 1]
+    next_rows[extra] = n + np.arange(len(extra))
+    return order, next_rows, extra
+
+
+def distinct_state_count(observations: np.ndarray, next_observations: np.ndarray) -> int:
+    """Rows of the :meth:`RidgeFQI.from_states` table: ``n`` plus the unchained next
+    states (``n`` + episodes for shards in episode order, at most ``2 n``)."""
+    return len(observations) + int((~chained_next_states(observations,
+                                                          next_observations)).sum())
 
 
 def greedy_actions(features: np.ndarray, readout: np.ndarray) -> np.ndarray:

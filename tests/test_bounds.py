@@ -17,7 +17,7 @@ from fedqhd.encoders import shared_encoder_params
 from fedqhd.envs import get_spec, register_env, unregister_env
 from fedqhd.learners.fqi import FQILearner
 from fedqhd.memory import FitMemoryError, fit_memory
-from fedqhd.readout import RidgeFQI, StreamingRidgeFQI
+from fedqhd.readout import RidgeFQI, StreamingRidgeFQI, distinct_state_count
 from fedqhd.strategies import contract as C
 
 
@@ -251,14 +251,17 @@ def test_save_shard_validates_with_the_value_check_it_is_given(tmp_path):
 # ------------------------------------------------------------------ memory
 def test_the_issues_shard_streams_automatically_and_a_too_large_fit_is_refused(monkeypatch):
     # the issue's case: 1e6 transitions at D = 2000 need 44.7 GiB in memory, 0.5 GiB streamed
-    assert fit_memory(10**6, 2000, 2, streaming=False) == 8 * (3 * 10**6 * 2000 + 2 * 2 * 2000**2
-                                                              + 3 * 10**6)
+    # (states and next states unshared: 2 n rows; one episode shares all but one: n + 1)
+    assert fit_memory(10**6, 2000, 2, streaming=False) == 8 * (2 * 10**6 * 2000 + 2 * 2 * 2000**2
+                                                              + 4 * 10**6)
+    assert fit_memory(10**6, 2000, 2, streaming=False, states=10**6 + 1) == 8 * (
+        (10**6 + 1) * 2000 + 2 * 2 * 2000**2 + 4 * 10**6)
     assert fit_memory(10**6, 2000, 2, streaming=True, obs_dim=4) < 2**29
-    shard = _shard(200)
+    shard = _shard(400)
     encoder = shared_encoder_params(0, 64, 1.0).build(get_spec("CartPole-v1").obs_bound)
     # mutation checked: dropping the `fit_memory(...) > cap` clause of the streaming choice
     # builds the in-memory fit and this assertion fails
-    cap = fit_memory(200, 64, 2, streaming=False) - 1
+    cap = fit_memory(400, 64, 2, streaming=False, obs_dim=4, states=401) - 1
     learner = FQILearner(shard, encoder, 2, memory_cap=cap, chunk_size=50)
     assert isinstance(learner.fqi, StreamingRidgeFQI)
     assert isinstance(FQILearner(shard, encoder, 2, memory_cap=cap + 1).fqi, RidgeFQI)
@@ -266,7 +269,8 @@ def test_the_issues_shard_streams_automatically_and_a_too_large_fit_is_refused(m
     with pytest.raises(FitMemoryError, match=r"needs about .* more than the cap of .*"
                                              r"memory-cap-gib.*lower hd-dim"):
         FQILearner(shard, encoder, 2, memory_cap=1000)
-    with pytest.raises(FitMemoryError, match="in-memory fit holds 3 x n x D .*use the "
+    with pytest.raises(FitMemoryError, match=r"in-memory fit holds one float64 feature row per "
+                                             r"distinct state \(401 states of n = 400 .*use the "
                                              "streaming fit"):
         FQILearner(shard, encoder, 2, streaming=False, memory_cap=cap)
     # without a cap, the memory available now is the limit
@@ -279,7 +283,8 @@ def test_the_issues_shard_streams_automatically_and_a_too_large_fit_is_refused(m
                                              (6000, 150, True), (300, 1000, True)])
 def test_the_estimate_bounds_what_the_fit_allocates(n, dim, streaming):
     # the estimate is what refusals rest on: it must cover the real peak without being loose
-    # (mutation checked: IN_MEMORY_COPIES 3 -> 2 puts the in-memory peak above the estimate)
+    # (mutation checked: the learner encoding states and next states separately, the old
+    # two-matrix RidgeFQI, puts the in-memory peak above the estimate)
     shard = _shard(n)
     encoder = shared_encoder_params(0, dim, 1.0).build(get_spec("CartPole-v1").obs_bound)
     tracemalloc.start()
@@ -288,7 +293,8 @@ def test_the_estimate_bounds_what_the_fit_allocates(n, dim, streaming):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    estimate = fit_memory(n, dim, 2, streaming=streaming, obs_dim=4)
+    estimate = fit_memory(n, dim, 2, streaming=streaming, obs_dim=4,
+                          states=distinct_state_count(shard.observations, shard.next_observations))
     assert 0.4 * estimate < peak <= estimate
 
 

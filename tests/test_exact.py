@@ -12,7 +12,13 @@ from fedqhd.data.partition import shard_filename
 from fedqhd.encoders import HDEncoder, shared_encoder_params
 from fedqhd.envs import get_spec
 from fedqhd.learners.fqi import FQILearner
-from fedqhd.readout import RidgeFQI, StreamingRidgeFQI, chunked_grams, pooled_value_range
+from fedqhd.readout import (
+    RidgeFQI,
+    StreamingRidgeFQI,
+    chunked_grams,
+    distinct_state_count,
+    pooled_value_range,
+)
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
@@ -67,8 +73,12 @@ def test_learner_streams_when_features_exceed_its_budget():
     shard = client_shard(cfg.env_id, cfg.partition, 0, 2, 2, cfg.seed)
     enc = shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(spec.obs_bound)
     memory = FQILearner(shard, enc, spec.n_actions, cfg.gamma, 0.1, proximal=0.3)
+    # the in-memory features: one float64 row per distinct state (n + episodes here)
+    table = distinct_state_count(shard.observations, shard.next_observations) * 80 * 8
+    assert table < 2 * shard.n_transitions * 80 * 8
     small = FQILearner(shard, enc, spec.n_actions, cfg.gamma, 0.1, proximal=0.3,
-                       feature_budget=2 * shard.n_transitions * 80 * 8 - 1)
+                       feature_budget=table - 1)
+    assert isinstance(FQILearner(shard, enc, spec.n_actions, feature_budget=table).fqi, RidgeFQI)
     assert isinstance(memory.fqi, RidgeFQI) and isinstance(small.fqi, StreamingRidgeFQI)
     start = np.full((80, spec.n_actions), 0.5)
     memory.train(4, start=start)

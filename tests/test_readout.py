@@ -133,3 +133,40 @@ def test_without_the_bound_pooled_fqi_diverges():
     largest return possible."""
     q, (_, hi) = _pooled_fqi("CartPole-v1", 4, 200, value_range=None)
     assert q.max() > 10 * hi
+
+
+@pytest.mark.parametrize("order", ["episodes", "shuffled"])
+def test_fqi_from_states_encodes_each_state_once_and_equals_the_two_matrix_fit(order):
+    """A client's shard (several episodes, both actions; CartPole, D = 256): the one-table
+    fit gives the targets, right-hand sides, Grams and readouts of the old construction
+    (states and next states encoded separately) to 1e-12, and holds about half the bytes.
+    Shuffled rows share no state, so the table is the old 2 n rows, still exact."""
+    from fedqhd.learners.cache import array_bytes
+    from fedqhd.readout import distinct_state_count
+
+    shard = client_shard("CartPole-v1", "iid", 0, 2, 4, seed=3)
+    encoder = shared_encoder_params(3, 256, 1.0).build(get_spec("CartPole-v1").obs_bound)
+    rows = np.arange(shard.n_transitions)
+    if order == "shuffled":
+        rows = np.random.default_rng(0).permutation(rows)
+    obs, act, rew = shard.observations[rows], shard.actions[rows], shard.rewards[rows]
+    nobs, term = shard.next_observations[rows], shard.terminated[rows]
+    kwargs = dict(gamma=0.99, ridge=0.1, proximal=0.5)
+    old = RidgeFQI(encoder.encode(obs), act, rew, encoder.encode(nobs), term, 2, **kwargs)
+    new = RidgeFQI.from_states(encoder.encode, obs, act, rew, nobs, term, 2, **kwargs)
+    w = np.random.default_rng(1).normal(size=(256, 2))
+    np.testing.assert_allclose(new.targets(w), old.targets(w), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(new.rhs(w), old.rhs(w), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(new.grams(), old.grams(), rtol=0, atol=1e-12)
+    old.fit(20, init=w)
+    new.fit(20, init=w)
+    assert np.abs(old.readout_).max() > 1.0  # a real fit, not zeros
+    np.testing.assert_allclose(new.readout_, old.readout_, rtol=0, atol=1e-12)
+    n, episodes = shard.n_transitions, len(np.unique(shard.episode_ids))
+    states = distinct_state_count(obs, nobs)
+    # exactly the rows not encoded twice are saved (the factors and small arrays are shared)
+    assert array_bytes(old) - array_bytes(new) == (2 * n - states) * 256 * 8
+    if order == "episodes":
+        assert states == n + episodes  # one extra row per episode's last next state
+    else:  # (a shuffled row may still follow its predecessor by chance)
+        assert states >= 2 * n - 3

@@ -39,13 +39,19 @@ from fedqhd.learners.base import (
 )
 from fedqhd.learners.cache import BoundedCache
 from fedqhd.memory import GIB, FitMemoryError, available_memory, fit_memory, format_bytes
-from fedqhd.readout import RidgeFQI, RidgeSystem, StreamingRidgeFQI, chunked_grams
+from fedqhd.readout import (
+    RidgeFQI,
+    RidgeSystem,
+    StreamingRidgeFQI,
+    chunked_grams,
+    distinct_state_count,
+)
 from fedqhd.seeding import SERVER, anchor_seed, evaluation_seed
 from fedqhd.strategies import FedQHDAnchor, FedQHDAvg, FedQHDExact
 from fedqhd.strategies import contract as C
 
 STATE_ADMM = "fedqhd-admm"  #: context.state ArrayRecord: the ADMM client's last reply
-#: bytes a learner's in-memory features (states and next states, float64) may take before
+#: bytes a learner's in-memory features (one float64 row per distinct state) may take before
 #: it fits from streamed sufficient statistics instead
 FEATURE_BUDGET = 1 << 30
 
@@ -70,7 +76,8 @@ class FQILearner:
     streaming : bool or None
         Fit from chunked sufficient statistics (:class:`~fedqhd.readout.StreamingRidgeFQI`,
         memory O(|A| D^2 + chunk x D)) instead of in-memory features (O(n x D)). ``None``
-        (default): stream when the two feature matrices (``2 n D`` float64) would exceed
+        (default): stream when the feature table (one float64 row per distinct state,
+        ``n`` + episodes rows, see :meth:`~fedqhd.readout.RidgeFQI.from_states`) would exceed
         ``feature_budget`` bytes, or the in-memory fit would exceed ``memory_cap``. Both
         give the same readouts (to rounding).
     feature_budget : int
@@ -102,11 +109,16 @@ class FQILearner:
         budget = FEATURE_BUDGET if feature_budget is None else int(feature_budget)
         cap = available_memory() if memory_cap is None else int(memory_cap)
         n, dim = self.n_transitions, encoder.n_components
+        # each distinct state is encoded once (RidgeFQI.from_states): n + episodes rows
+        states = distinct_state_count(shard.observations, shard.next_observations)
         if streaming is None:
-            streaming = (2 * n * dim * 8 > budget
-                         or (cap is not None and fit_memory(n, dim, n_actions, False) > cap))
+            streaming = (states * dim * 8 > budget
+                         or (cap is not None
+                             and fit_memory(n, dim, n_actions, False,
+                                            obs_dim=shard.observations.shape[1],
+                                            states=states) > cap))
         _check_memory(n, dim, int(n_actions), streaming, chunk_size, shard.observations.shape[1],
-                      cap, memory_cap is not None)
+                      cap, memory_cap is not None, states)
         self.fqi: RidgeFQI | StreamingRidgeFQI
         if streaming:
             self.fqi = StreamingRidgeFQI(encoder.encode, encoder.n_components, n_actions,
@@ -115,9 +127,9 @@ class FQILearner:
             self.fqi.add(shard.observations, shard.actions, shard.rewards,
                          shard.next_observations, shard.terminated)
         else:
-            self.fqi = RidgeFQI(
-                encoder.encode(shard.observations), shard.actions, shard.rewards,
-                encoder.encode(shard.next_observations), shard.terminated, n_actions,
+            self.fqi = RidgeFQI.from_states(
+                encoder.encode, shard.observations, shard.actions, shard.rewards,
+                shard.next_observations, shard.terminated, n_actions,
                 gamma=gamma, ridge=ridge, proximal=proximal, value_range=value_range)
         self._anchor_key: str | None = None
         self._anchor_system: RidgeSystem | None = None
@@ -220,9 +232,9 @@ class FQILearner:
 
 
 def _check_memory(n: int, dim: int, n_actions: int, streaming: bool, chunk_size: int,
-                  obs_dim: int, cap: int | None, cap_given: bool) -> None:
+                  obs_dim: int, cap: int | None, cap_given: bool, states: int) -> None:
     """Refuse a fit that would need more than ``cap`` bytes (``None``: unknown, allow)."""
-    need = fit_memory(n, dim, n_actions, streaming, chunk_size, obs_dim)
+    need = fit_memory(n, dim, n_actions, streaming, chunk_size, obs_dim, states=states)
     if cap is None or need <= cap:
         return
     limit = (f"the cap of {format_bytes(cap)} (memory-cap-gib)" if cap_given
@@ -231,7 +243,8 @@ def _check_memory(n: int, dim: int, n_actions: int, streaming: bool, chunk_size:
         how = (f"the streaming fit keeps 2 x |A| x D^2 float64 (|A| = {n_actions}, D = {dim}) "
                "whatever the shard's size: lower hd-dim")
     else:
-        how = (f"the in-memory fit holds 3 x n x D float64 features (n = {n}, D = {dim}): use "
+        how = (f"the in-memory fit holds one float64 feature row per distinct state "
+               f"({states} states of n = {n} transitions, D = {dim}): use "
                f"the streaming fit (streaming=None or True; it needs "
                f"{format_bytes(fit_memory(n, dim, n_actions, True, chunk_size, obs_dim))}), lower "
                "hd-dim, or split the shard")
