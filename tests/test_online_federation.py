@@ -106,7 +106,9 @@ def test_run_online_defaults_are_the_table(monkeypatch):
 def test_a_tasks_capacity_key_sizes_every_clients_buffer(monkeypatch):
     """The table's ``capacity`` replaces ``min(20000, 1e7 / D_i)`` for every client, in
     run_online and in the Flower app's config; an explicit argument still wins."""
-    entry = {**ONLINE_SETTINGS["Acrobot-v1"], "capacity": 1234}
+    plain = {k: v for k, v in ONLINE_SETTINGS["Acrobot-v1"].items()
+             if k not in ("capacity", "heterogeneous")}
+    entry = {**plain, "capacity": 1234}
     monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1", entry)
     res = online.run_online("Acrobot-v1", encoder="heterogeneous", n_clients=4, episodes=2,
                             episodes_per_round=2, sweeps=1, n_anchors=10,
@@ -118,8 +120,7 @@ def test_a_tasks_capacity_key_sizes_every_clients_buffer(monkeypatch):
     cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
                                      "encoder": "heterogeneous"})
     assert cfg.online_capacity == 1234
-    monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1",
-                        {k: v for k, v in entry.items() if k != "capacity"})
+    monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1", plain)
     res = online.run_online("Acrobot-v1", encoder="heterogeneous", n_clients=4, episodes=2,
                             episodes_per_round=2, sweeps=1, n_anchors=10,
                             greedy_episodes=1)
