@@ -50,11 +50,12 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("online_per_episode", "per_episode"), ("online_action_gap", "action_gap"),
     ("online_fuse", "fuse"), ("online_n_step", "n_step"), ("online_gamma_final", "gamma_final"),
     ("online_gamma_ramp", "gamma_ramp"), ("episodes_per_round", "episodes_per_round"),
-    ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"))
+    ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"),
+    ("online_capacity", "capacity"))
 #: table entries a task may leave out, with the value they stand for
 _AUTO_MISSING: dict[str, float] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
                                    "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0,
-                                   "compile_ridge": 1.0}
+                                   "compile_ridge": 1.0, "capacity": 0}
 
 
 class ConfigError(ValueError):
@@ -219,7 +220,7 @@ class RunConfig:
         "ONLINE_SETTINGS) replaces hd-dim, bandwidth, gamma, ridge, proximal, "
         "local-iterations, episodes-per-round, online-per-episode, online-action-gap, "
         "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
-        "online-gamma-ramp and "
+        "online-gamma-ramp, online-capacity and "
         "epsilon-* "
         "(set num-server-rounds = episodes / episodes-per-round); manual = "
         "the keys as given"))

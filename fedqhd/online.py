@@ -851,7 +851,8 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
 #: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor);
 #: optional: ``tail``, ``n_step``, ``action_gap``, ``fuse`` (:class:`OnlineClient`),
 #: ``gamma_final``/``gamma_ramp`` (:func:`discount_schedule`), ``compile_ridge`` (ridge of
-#: the heterogeneous setting's teacher compilation, default 1) and ``heterogeneous``
+#: the heterogeneous setting's teacher compilation, default 1), ``capacity`` (buffer slots
+#: of every client, instead of :func:`default_capacity` of its D) and ``heterogeneous``
 #: (overrides for heterogeneous encoders).
 ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
     "CartPole-v1": dict(dim=500, enc_gamma=1.0, gamma=0.9, ridge=1.0, proximal=0.01,
@@ -945,7 +946,8 @@ def run_online(
 
     Heterogeneous encoders: ``D_i`` cycled from (500, 1000, 2000, 5000), ``gamma_i =
     enc_gamma * U(0.5, 1.5)`` (:func:`fedqhd.encoders.heterogeneous_encoder_params`).
-    ``capacity`` defaults to ``min(20000, 1e7 // D_i)`` slots. Settings left ``None``
+    ``capacity`` defaults to the table's ``capacity``, else ``min(20000, 1e7 // D_i)``
+    slots (:func:`default_capacity`). Settings left ``None``
     come from :data:`ONLINE_SETTINGS` for ``env_id``.
     """
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -964,6 +966,7 @@ def run_online(
     gamma_ramp = table.get("gamma_ramp", 1) if gamma_ramp is None else gamma_ramp
     tail = table.get("tail", 0) if tail is None else tail
     compile_ridge = table.get("compile_ridge", 1.0) if compile_ridge is None else compile_ridge
+    capacity = table.get("capacity") if capacity is None else capacity
     if gamma_final > gamma and n_step > 1:
         raise ValueError("a discount schedule (gamma_final) needs n_step = 1")
     discount = discount_schedule(gamma, gamma_final, gamma_ramp)
@@ -1016,7 +1019,8 @@ def run_online(
                                       gamma_ramp=gamma_ramp, tail=tail,
                                       sweeps=sweeps, per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
-                                      compile_ridge=compile_ridge))
+                                      compile_ridge=compile_ridge,
+                                      capacity=[cl.capacity for cl in clients]))
     done = 0
     while done < episodes:
         k = min(episodes_per_round, episodes - done)

@@ -69,6 +69,7 @@ def test_online_auto_settings_follow_the_per_task_table():
             table.get("gamma_final", 0.0), table.get("gamma_ramp", 1))
         assert cfg.online_tail == table.get("tail", 0)
         assert cfg.online_compile_ridge == table.get("compile_ridge", 1.0)
+        assert cfg.online_capacity == table.get("capacity", 0)
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
         assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table
@@ -99,6 +100,32 @@ def test_run_online_defaults_are_the_table(monkeypatch):
         assert (seen["fuse"], seen["n_step"], seen["action_gap"]) == (
             table.get("fuse", 0.0), table.get("n_step", 1), table.get("action_gap", 0.0))
         assert seen["n_parallel"] == table["episodes_per_round"]
+        assert seen["capacity"] == (table.get("capacity") or online.default_capacity(dim))
+
+
+def test_a_tasks_capacity_key_sizes_every_clients_buffer(monkeypatch):
+    """The table's ``capacity`` replaces ``min(20000, 1e7 / D_i)`` for every client, in
+    run_online and in the Flower app's config; an explicit argument still wins."""
+    plain = {k: v for k, v in ONLINE_SETTINGS["Acrobot-v1"].items()
+             if k not in ("capacity", "heterogeneous")}
+    entry = {**plain, "capacity": 1234}
+    monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1", entry)
+    res = online.run_online("Acrobot-v1", encoder="heterogeneous", n_clients=4, episodes=2,
+                            episodes_per_round=2, sweeps=1, n_anchors=10,
+                            greedy_episodes=1)
+    assert res.config["capacity"] == [1234] * 4  # D_i 500 ... 5000 alike
+    res = online.run_online("Acrobot-v1", n_clients=2, episodes=2, episodes_per_round=2,
+                            sweeps=1, greedy_episodes=1, capacity=77)
+    assert res.config["capacity"] == [77, 77]
+    cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
+                                     "encoder": "heterogeneous"})
+    assert cfg.online_capacity == 1234
+    monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1", plain)
+    res = online.run_online("Acrobot-v1", encoder="heterogeneous", n_clients=4, episodes=2,
+                            episodes_per_round=2, sweeps=1, n_anchors=10,
+                            greedy_episodes=1)
+    assert res.config["capacity"] == [online.default_capacity(d)
+                                      for d in (500, 1000, 2000, 5000)]
 
 
 @pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
