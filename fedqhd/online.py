@@ -484,9 +484,9 @@ class OnlineClient:
                 mu = self.proximal * len(rows[a])
                 c = self.ridge + mu
                 if self.form == "primal":
-                    g = self.gram[a].copy()
-                else:
-                    g = self.kernel[np.ix_(rows[a], rows[a])]
+                    systems.append(primal_system(self.gram[a], self.ridge, mu))
+                    continue
+                g = self.kernel[np.ix_(rows[a], rows[a])]
                 g[np.diag_indices_from(g)] += c
                 systems.append((mu, c, cho_factor(g, lower=True, check_finite=False)
                                 if len(g) else None))
@@ -498,13 +498,13 @@ class OnlineClient:
                 y = self.targets(readout)
                 new = np.empty_like(readout)
                 if self.form == "primal":
-                    rhs = (feats.T @ (onehot * y[:, None].astype(np.float32))).astype(np.float64)
+                    rhs = primal_rhs(feats, onehot, y)
                 for a, (mu, c, fac) in enumerate(systems):
                     shrunk = (mu / c) * prior[:, a]
                     if fac is None:
                         new[:, a] = shrunk
                     elif self.form == "primal":
-                        new[:, a] = cho_solve(fac, rhs[:, a] + c * shrunk, check_finite=False)
+                        new[:, a] = proximal_solve((mu, c, fac), rhs[:, a], prior[:, a])
                     else:
                         fa = feats[rows[a]]
                         resid = y[rows[a]] - fa @ shrunk.astype(np.float32)
@@ -779,6 +779,27 @@ def truncate_average(readouts: Sequence[np.ndarray], weights: Sequence[float] | 
     return out
 
 
+def primal_system(gram: np.ndarray, ridge: float, mu: float) -> tuple[float, float, Any]:
+    """One action's proximal ridge system ``(G + (ridge + mu) I)``, Cholesky-factored:
+    ``(mu, ridge + mu, factor)``, what :func:`proximal_solve` takes."""
+    c = ridge + mu
+    g = gram.copy()
+    g[np.diag_indices_from(g)] += c
+    return mu, c, cho_factor(g, lower=True, check_finite=False)
+
+
+def primal_rhs(features: np.ndarray, onehot: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``Phi^T y`` per action (float32 products accumulated as float64)."""
+    return (features.T @ (onehot * y[:, None].astype(np.float32))).astype(np.float64)
+
+
+def proximal_solve(system: tuple[float, float, Any], rhs: np.ndarray,
+                   prior: np.ndarray) -> np.ndarray:
+    """One action's readout from its factored system, pulled toward ``prior``."""
+    mu, c, fac = system
+    return cho_solve(fac, rhs + c * ((mu / c) * prior), check_finite=False)
+
+
 def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray | None = None,
                prior: np.ndarray | None = None) -> np.ndarray:
     """Ridge FQI on the union of the clients' buffers: the pooled-data oracle.
@@ -815,27 +836,20 @@ def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray | 
     for cl in live:
         counts += np.bincount(cl.actions[:cl.size], minlength=n_act)
     with first.timer("factor"):
-        systems = []
-        for a in range(n_act):
-            mu = first.proximal * float(counts[a])
-            c = first.ridge + mu
-            g = sum(cl.gram[a] for cl in live)
-            g[np.diag_indices_from(g)] += c
-            systems.append((mu, c, cho_factor(g, lower=True, check_finite=False)))
+        systems = [primal_system(sum(cl.gram[a] for cl in live), first.ridge,
+                                 first.proximal * float(counts[a])) for a in range(n_act)]
+    onehots = []
+    for cl in live:
+        onehot = np.zeros((cl.size, n_act), dtype=np.float32)
+        onehot[np.arange(cl.size), cl.actions[:cl.size]] = 1.0
+        onehots.append(onehot)
     with first.timer("sweeps"):
         for _ in range(sweeps):
             rhs = np.zeros_like(readout)
-            for cl in live:
-                y = cl.targets(readout)
-                onehot = np.zeros((cl.size, n_act), dtype=np.float32)
-                onehot[np.arange(cl.size), cl.actions[:cl.size]] = 1.0
-                rhs += (cl.features[:cl.size].T @ (onehot * y[:, None].astype(np.float32))
-                        ).astype(np.float64)
-            new = np.empty_like(readout)
-            for a, (mu, c, fac) in enumerate(systems):
-                shrunk = (mu / c) * prior[:, a]
-                new[:, a] = cho_solve(fac, rhs[:, a] + c * shrunk, check_finite=False)
-            readout = new
+            for cl, onehot in zip(live, onehots, strict=True):
+                rhs += primal_rhs(cl.features[:cl.size], onehot, cl.targets(readout))
+            readout = np.stack([proximal_solve(system, rhs[:, a], prior[:, a])
+                                for a, system in enumerate(systems)], axis=1)
     return readout
 
 
