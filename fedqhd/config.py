@@ -19,7 +19,7 @@ from fedqhd.anchors import ANCHOR_SOURCES
 from fedqhd.data.partition import PARTITIONS
 from fedqhd.data.shard import MAX_COMPRESSION_RATIO, MAX_TRANSITIONS, VALUE_CHECKS
 from fedqhd.encoders import ENCODER_KINDS
-from fedqhd.envs import env_ids, is_registered, load_env_modules
+from fedqhd.envs import env_ids, get_spec, is_registered, load_env_modules
 from fedqhd.envs.inventory import DEMANDS as POOL_DEMANDS
 from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
 from fedqhd.learners import get_learner, learner_names
@@ -60,6 +60,15 @@ _AUTO_MISSING: dict[str, float] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
 
 class ConfigError(ValueError):
     """A run-config key has a bad value; the message names the key and the valid range."""
+
+
+def _float_list(v: Any) -> str | None:
+    try:
+        values = [float(x) for x in str(v).split(",")] if str(v).strip() else []
+    except ValueError:
+        values = [-1.0]
+    ok = all(math.isfinite(x) and x > 0 for x in values)
+    return None if ok else "comma-separated positive numbers, or empty"
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
@@ -220,7 +229,7 @@ class RunConfig:
         "ONLINE_SETTINGS) replaces hd-dim, bandwidth, gamma, ridge, proximal, "
         "local-iterations, episodes-per-round, online-per-episode, online-action-gap, "
         "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
-        "online-gamma-ramp, online-capacity and "
+        "online-gamma-ramp, online-capacity, online-obs-scale and "
         "epsilon-* "
         "(set num-server-rounds = episodes / episodes-per-round); manual = "
         "the keys as given"))
@@ -248,6 +257,10 @@ class RunConfig:
         "online-gamma-ramp episodes (horizon grows linearly from gamma's); <= gamma: none"))
     online_gamma_ramp: int = field(default=1, metadata=_key(
         _int_range(1, 10_000_000), "online: episodes over which the discount grows"))
+    online_obs_scale: str = field(default="", metadata=_key(
+        _float_list, "online: comma-separated per-coordinate multipliers of the task's "
+        "observation bounds for the encoders (the kernel's length scale per coordinate); "
+        "empty: the bounds as they are"))
     eval_episodes: int = field(default=10, metadata=_key(_int_range(1, 100_000),
                                                          "greedy episodes per evaluation"))
     # ---- pool learner (learner = "pool", env-id = fedqhd/Inventory-v0) ----
@@ -314,6 +327,8 @@ class RunConfig:
             for name, key in _AUTO_FIELDS:
                 kind = type(getattr(self, name))
                 object.__setattr__(self, name, kind(table.get(key, _AUTO_MISSING.get(key))))
+            object.__setattr__(self, "online_obs_scale",
+                               ",".join(repr(float(v)) for v in table.get("obs_scale", ())))
             for name, value in zip(("epsilon_start", "epsilon_decay", "epsilon_floor"),
                                    table["epsilon"], strict=True):
                 object.__setattr__(self, name, float(value))
@@ -350,6 +365,10 @@ class RunConfig:
                 and self.online_n_step > 1):
             raise ConfigError("run-config key 'online-gamma-final' (a discount schedule) "
                               "needs 'online-n-step' = 1")
+        if self.obs_scale and len(self.obs_scale) != get_spec(self.env_id).obs_dim:
+            raise ConfigError(f"run-config key 'online-obs-scale' = {self.online_obs_scale!r} "
+                              f"needs {get_spec(self.env_id).obs_dim} multipliers for "
+                              f"{self.env_id}, got {len(self.obs_scale)}")
         if self.epsilon_floor > self.epsilon_start:
             raise ConfigError(f"run-config keys 'epsilon-floor' ({self.epsilon_floor}) and "
                               f"'epsilon-start' ({self.epsilon_start}): need floor <= start")
@@ -372,6 +391,12 @@ class RunConfig:
     def learner_key(self) -> str:
         """The registry entry of this run: the learner, under its protocol."""
         return "fqi-online" if self.learner == "fqi" and self.protocol == "online" else self.learner
+
+    @property
+    def obs_scale(self) -> tuple[float, ...]:
+        """``online-obs-scale`` as numbers (empty: none)."""
+        text = self.online_obs_scale.strip()
+        return tuple(float(x) for x in text.split(",")) if text else ()
 
     @property
     def resolved_strategy(self) -> str:

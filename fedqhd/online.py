@@ -61,6 +61,7 @@ __all__ = [
     "discount_schedule",
     "epsilon_schedule",
     "ONLINE_SETTINGS",
+    "encoder_bound",
     "make_batch_env",
     "online_settings",
     "pooled_fit",
@@ -866,7 +867,9 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
 #: optional: ``tail``, ``n_step``, ``action_gap``, ``fuse`` (:class:`OnlineClient`),
 #: ``gamma_final``/``gamma_ramp`` (:func:`discount_schedule`), ``compile_ridge`` (ridge of
 #: the heterogeneous setting's teacher compilation, default 1), ``capacity`` (buffer slots
-#: of every client, instead of :func:`default_capacity` of its D) and ``heterogeneous``
+#: of every client, instead of :func:`default_capacity` of its D), ``obs_scale`` (per-
+#: dimension multipliers of the task's observation bounds, for the encoder only: the
+#: kernel's length scale per coordinate; :func:`encoder_bound`) and ``heterogeneous``
 #: (overrides for heterogeneous encoders).
 ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
     "CartPole-v1": dict(dim=500, enc_gamma=1.0, gamma=0.9, ridge=1.0, proximal=0.01,
@@ -883,6 +886,20 @@ ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
                            sweeps=10, per_episode=50, tail=20, episodes_per_round=20,
                            epsilon=(1.0, 0.99, 0.0)),
 }
+
+
+def encoder_bound(env_id: str, obs_scale: Sequence[float] | None = None) -> np.ndarray:
+    """The per-coordinate scale the online encoders divide observations by: the task's
+    ``obs_bound`` times ``obs_scale`` (one positive multiplier per coordinate; ``None``
+    or empty: the bound itself). The env's own bounds (value checks, anchors) stay."""
+    bound = np.asarray(get_spec(env_id).obs_bound, dtype=float)
+    if obs_scale is None or len(obs_scale) == 0:
+        return bound
+    scale = np.asarray(obs_scale, dtype=float)
+    if scale.shape != bound.shape or not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+        raise ValueError(f"obs_scale for {env_id} needs {bound.size} positive finite "
+                         f"multipliers, got {list(obs_scale)!r}")
+    return bound * scale
 
 
 def default_capacity(dim: int) -> int:
@@ -925,6 +942,7 @@ def run_online(
     capacity: int | None = None,
     per_episode: int | None = None,
     epsilon: tuple[float, float, float] | None = None,
+    obs_scale: Sequence[float] | None = None,
     n_anchors: int = 1000,
     anchor_source: str = "rollouts",
     compile_ridge: float | None = None,
@@ -981,6 +999,8 @@ def run_online(
     tail = table.get("tail", 0) if tail is None else tail
     compile_ridge = table.get("compile_ridge", 1.0) if compile_ridge is None else compile_ridge
     capacity = table.get("capacity") if capacity is None else capacity
+    obs_scale = table.get("obs_scale") if obs_scale is None else obs_scale
+    bound = encoder_bound(env_id, obs_scale)
     if gamma_final > gamma and n_step > 1:
         raise ValueError("a discount schedule (gamma_final) needs n_step = 1")
     discount = discount_schedule(gamma, gamma_final, gamma_ramp)
@@ -1000,10 +1020,10 @@ def run_online(
         raise ValueError(f"aggregate={aggregate!r} needs the shared encoder")
     timer = Timer()
     if encoder == "shared":
-        enc = shared_encoder_params(seed, dim, enc_gamma).build(spec.obs_bound)
+        enc = shared_encoder_params(seed, dim, enc_gamma).build(bound)
         encoders = [enc] * n_clients
     else:
-        encoders = [heterogeneous_encoder_params(seed, i, enc_gamma).build(spec.obs_bound)
+        encoders = [heterogeneous_encoder_params(seed, i, enc_gamma).build(bound)
                     for i in range(n_clients)]
     clients = []
     for i, e in enumerate(encoders):
@@ -1034,6 +1054,8 @@ def run_online(
                                       sweeps=sweeps, per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
                                       compile_ridge=compile_ridge,
+                                      obs_scale=(None if obs_scale is None
+                                                 else [float(v) for v in obs_scale]),
                                       capacity=[cl.capacity for cl in clients]))
     done = 0
     while done < episodes:

@@ -128,6 +128,46 @@ def test_a_tasks_capacity_key_sizes_every_clients_buffer(monkeypatch):
                                       for d in (500, 1000, 2000, 5000)]
 
 
+def test_a_tasks_obs_scale_key_rescales_every_encoder_alike(monkeypatch):
+    """``obs_scale`` multiplies the task's bounds for the encoders only: run_online's
+    clients and the Flower app's clients (via ``online-obs-scale``) divide by the same
+    scale; bad multipliers are refused with the key named."""
+    from fedqhd.envs import get_spec
+    from fedqhd.learners.fqi import client_encoder
+    scale = (1.0, 1.0, 1.0, 1.0, 0.5, 0.25)
+    monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1",
+                        {**ONLINE_SETTINGS["Acrobot-v1"], "obs_scale": scale})
+    bound = get_spec("Acrobot-v1").obs_bound * np.array(scale)
+    seen = {}
+
+    def fake_init(self, env_id, encoder, **kw):
+        seen["scale"] = encoder.scale_
+        raise RuntimeError("stop")
+
+    with monkeypatch.context() as m:
+        m.setattr(online.OnlineClient, "__init__", fake_init)
+        for encoder in ("shared", "heterogeneous"):
+            with pytest.raises(RuntimeError, match="stop"):
+                online.run_online("Acrobot-v1", encoder=encoder)
+            np.testing.assert_allclose(seen["scale"], bound)
+    for encoder in ("shared", "heterogeneous"):
+        cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
+                                         "encoder": encoder})
+        assert cfg.obs_scale == scale
+        np.testing.assert_allclose(client_encoder(cfg, 1).scale_, bound)
+    # offline runs keep the task's bounds; wrong length or sign is refused
+    offline = RunConfig.from_run_config({"env-id": "Acrobot-v1",
+                                         "online-obs-scale": "1,1,1,1,0.5,0.25"})
+    np.testing.assert_allclose(client_encoder(offline, 1).scale_,
+                               get_spec("Acrobot-v1").obs_bound)
+    for bad in ("1,2", "1,1,1,1,1,-1", "a,b"):
+        with pytest.raises(ConfigError, match="online-obs-scale"):
+            RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
+                                       "env-id": "Acrobot-v1", "online-obs-scale": bad})
+    with pytest.raises(ValueError, match="obs_scale"):
+        online.encoder_bound("Acrobot-v1", (1.0, 0.0, 1, 1, 1, 1))
+
+
 @pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
 def test_online_app_runs_with_the_per_task_settings(tmp_path, encoder):
     # online-settings = "auto": the table's CartPole settings (tail, epsilon, K) in the app

@@ -39,6 +39,7 @@ from fedqhd.learners.base import (
 )
 from fedqhd.learners.cache import BoundedCache
 from fedqhd.memory import GIB, FitMemoryError, available_memory, fit_memory, format_bytes
+from fedqhd.online import encoder_bound
 from fedqhd.readout import (
     RidgeFQI,
     RidgeSystem,
@@ -273,10 +274,16 @@ def greedy_return(cfg: RunConfig, encoder: HDEncoder, readout: np.ndarray, party
 
 
 # ---------------------------------------------------------------- settings -> objects
+def encoder_scale(cfg: RunConfig) -> np.ndarray:
+    """What the run's encoders divide observations by: the task's bounds, times
+    ``online-obs-scale`` in online runs (:func:`fedqhd.online.encoder_bound`)."""
+    scale = cfg.obs_scale if cfg.protocol == "online" else ()
+    return encoder_bound(cfg.env_id, scale)
+
+
 def shared_encoder(cfg: RunConfig) -> HDEncoder:
     """The run's shared encoder, as the server and every client build it."""
-    return shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(
-        get_spec(cfg.env_id).obs_bound)
+    return shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(encoder_scale(cfg))
 
 
 def client_encoder(cfg: RunConfig, partition_id: int) -> HDEncoder:
@@ -284,7 +291,7 @@ def client_encoder(cfg: RunConfig, partition_id: int) -> HDEncoder:
     if cfg.encoder == "shared":
         return shared_encoder(cfg)
     return heterogeneous_encoder_params(cfg.seed, partition_id, cfg.bandwidth).build(
-        get_spec(cfg.env_id).obs_bound)
+        encoder_scale(cfg))
 
 
 def local_ridge(ridge: float, num_partitions: int) -> float:
