@@ -33,8 +33,12 @@ from fedqhd.strategies.screening import AGGREGATIONS
 POOL_KERNELS = ("auto", *KERNELS)  #: run-config pool-kernel; auto: shared on post-decision zones
 
 #: the function-space strategy: auto (avg for a shared encoder, else anchor), avg, anchor,
-#: exact (pooled ridge FQI from sufficient statistics; shared encoder, fqi, offline)
-STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor", "exact")
+#: exact (pooled ridge FQI from sufficient statistics; shared encoder, fqi, offline), and the
+#: FedQHD paper's baselines (fqi, online): none (independent learners, never aggregated),
+#: truncate (truncate-and-average of readouts of different D_i)
+STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor", "exact", "none", "truncate")
+#: strategies that exist only as the paper's online baselines
+BASELINE_STRATEGIES: tuple[str, ...] = ("none", "truncate")
 #: how FedQHDAvg clients update: one consensus-ADMM step (fixed point = pooled FQI) or
 #: local sweeps pulled toward the global readout
 CLIENT_UPDATES: tuple[str, ...] = ("admm", "proximal")
@@ -155,8 +159,9 @@ class RunConfig:
         "proximal (pulled toward the global readout)"))
     admm_penalty: float = field(default=2.5e-4, metadata=_key(
         _float_range(0.0, 1e6, lo_open=True), "per-transition ADMM penalty (client-update=admm)"))
-    strategy: str = field(default="auto", metadata=_key(_choice(STRATEGIES),
-                                                        "auto: avg if shared, else anchor"))
+    strategy: str = field(default="auto", metadata=_key(
+        _choice(STRATEGIES), "auto: avg if shared, else anchor; online baselines: none "
+        "(independent learners), truncate (truncate-and-average)"))
     weighting: str = field(default="transitions", metadata=_key(_choice(WEIGHTINGS),
                                                                 "client weights"))
     fraction_train: float = field(default=1.0, metadata=_key(
@@ -358,6 +363,12 @@ class RunConfig:
                 raise ConfigError("run-config key 'strategy' = 'exact' sums sufficient "
                                   "statistics exactly: 'aggregation' must be 'mean', got "
                                   f"{self.aggregation!r}")
+        if self.strategy in BASELINE_STRATEGIES and (self.learner != "fqi"
+                                                     or self.protocol != "online"):
+            raise ConfigError(f"run-config key 'strategy' = {self.strategy!r} (a baseline of "
+                              "the FedQHD paper's online protocol) needs 'learner' = 'fqi' and "
+                              f"'protocol' = 'online', got {self.learner!r} and "
+                              f"{self.protocol!r}")
         if self.protocol == "online" and self.learner != "fqi":
             raise ConfigError(f"run-config key 'protocol' = 'online' needs 'learner' = 'fqi', "
                               f"got {self.learner!r}")
@@ -400,7 +411,8 @@ class RunConfig:
 
     @property
     def resolved_strategy(self) -> str:
-        """``avg``, ``anchor`` or ``exact`` after resolving ``auto``."""
+        """``avg``, ``anchor``, ``exact``, ``none`` or ``truncate`` after resolving
+        ``auto``."""
         if self.strategy != "auto":
             return self.strategy
         if self.learner == "pool":

@@ -47,6 +47,7 @@ from fedqhd.encoders import (
 from fedqhd.envs import get_spec, make_env, validate_dynamics
 from fedqhd.readout import bellman_targets, value_range
 from fedqhd.seeding import online_client_rng, shard_seed
+from fedqhd.strategies.truncate import truncated_mean, with_head
 
 __all__ = [
     "AcrobotBatch",
@@ -67,6 +68,8 @@ __all__ = [
     "pooled_fit",
     "run_online",
     "truncate_average",
+    "truncated_mean",
+    "with_head",
 ]
 
 
@@ -763,21 +766,11 @@ class OnlineResult:
 def truncate_average(readouts: Sequence[np.ndarray], weights: Sequence[float] | np.ndarray
                      ) -> list[np.ndarray]:
     """The paper's truncate-and-average of readouts of different ``D_i``: the weighted mean
-    of their first ``d = min_i D_i`` rows, returned to every client in its first ``d`` rows;
-    each client keeps its own rows beyond ``d`` (they have no counterpart elsewhere, and
-    zeroing them would discard what the client learned there). Equal ``D``: the mean."""
-    if len(readouts) != len(weights) or not readouts:
-        raise ValueError("need one weight per readout and at least one readout")
-    if len({r.shape[1] for r in readouts}) != 1:
-        raise ValueError("readouts must have the same number of actions")
-    d = min(r.shape[0] for r in readouts)
-    mean = sum(w * r[:d] for w, r in zip(weights, readouts, strict=True))
-    out = []
-    for r in readouts:
-        merged = np.array(r, dtype=np.float64)
-        merged[:d] = mean
-        out.append(merged)
-    return out
+    of their first ``d = min_i D_i`` rows (:func:`truncated_mean`), returned to every client
+    in its first ``d`` rows; each client keeps its own rows beyond ``d``
+    (:func:`with_head`). Equal ``D``: the mean."""
+    head = truncated_mean(readouts, weights)
+    return [with_head(r, head) for r in readouts]
 
 
 def primal_system(gram: np.ndarray, ridge: float, mu: float) -> tuple[float, float, Any]:

@@ -11,6 +11,14 @@ reply carries ``train-return-last100``, the paper's metric: the mean return of
 the client's last 100 training episodes. The numeric core is
 :class:`fedqhd.online.OnlineClient`.
 
+The paper's baselines run in the same app, with the same clients, seeds and
+settings as :func:`fedqhd.online.run_online` in the bench: ``strategy = "none"``
+(independent learners: FedQHDIndependent, metrics only, each client learns from
+its own readout and evaluates it) and ``strategy = "truncate"``
+(FedQHDTruncate: each client replies its own readout, of its own ``D_i`` under
+heterogeneous encoders, and continues from the truncated average in its first
+rows). Under both, every client evaluates its own policy each round.
+
 The buffer lives in the process that serves the node (as the offline learner's
 encoded shard does); a node whose process restarts starts a new buffer.
 """
@@ -25,6 +33,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 
 from fedqhd.config import RunConfig
 from fedqhd.data.partition import partition_settings
+from fedqhd.envs import get_spec
 from fedqhd.learners.base import Arrays, Curves, Metrics, ServerPlan, partition
 from fedqhd.learners.fqi import FQI, client_encoder, greedy_return
 from fedqhd.online import (
@@ -34,7 +43,9 @@ from fedqhd.online import (
     epsilon_schedule,
 )
 from fedqhd.seeding import shard_seed
+from fedqhd.strategies import FedQHDIndependent, FedQHDTruncate
 from fedqhd.strategies import contract as C
+from fedqhd.strategies.truncate import with_head
 
 TRAIN_RETURN_LAST100 = "train-return-last100"  #: reply and round metric (the paper's metric)
 
@@ -67,10 +78,13 @@ def node_client(context: Context, cfg: RunConfig) -> tuple[OnlineClient, dict[st
 
 def _adopt(client: OnlineClient, cache: dict[str, Any], arrays: Arrays, cfg: RunConfig,
            metrics: Metrics) -> None:
-    """Start from the global model: the shared readout, or the teacher compiled into this
-    client's features (anchor features computed once per anchor set)."""
+    """Start from the global model: the shared readout, the truncated average in this
+    client's first rows (truncate), or the teacher compiled into this client's features
+    (anchor features computed once per anchor set). Nothing (none): its own readout."""
     if C.READOUT in arrays:
         client.readout = np.array(arrays[C.READOUT], dtype=np.float64)
+    elif C.READOUT_HEAD in arrays:
+        client.readout = with_head(client.readout, arrays[C.READOUT_HEAD])
     elif C.TEACHER in arrays:
         anchors = np.ascontiguousarray(arrays[C.ANCHORS], dtype=np.float64)
         digest = hashlib.sha1(anchors.tobytes()).hexdigest()
@@ -97,8 +111,17 @@ class FQIOnline(FQI):
                 f"{cfg.episodes_per_round} episodes per round")
 
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
-        # every client replies every round with what it just learned: plain averaging
-        plan = super().server_plan(cfg.replace(client_update="proximal"), **strategy_kwargs)
+        baseline: FedQHDIndependent | FedQHDTruncate | None = None
+        if cfg.resolved_strategy == "none":
+            baseline = FedQHDIndependent(fraction_evaluate=1.0, **strategy_kwargs)
+        elif cfg.resolved_strategy == "truncate":
+            baseline = FedQHDTruncate(get_spec(cfg.env_id).n_actions, fraction_evaluate=1.0,
+                                      **strategy_kwargs)
+        if baseline is not None:  # no global policy: every client evaluates its own
+            plan = ServerPlan(baseline, baseline.initial_arrays())
+        else:
+            # every client replies every round with what it just learned: plain averaging
+            plan = super().server_plan(cfg.replace(client_update="proximal"), **strategy_kwargs)
         strategy, inner = plan.strategy, plan.evaluate
 
         def evaluate(arrays: ArrayRecord) -> MetricRecord | None:
@@ -136,7 +159,13 @@ class FQIOnline(FQI):
         client.fit(cfg.local_iterations, init=start, prior=start)
         metrics.update({C.NUM_TRANSITIONS: client.n_transitions,
                         TRAIN_RETURN_LAST100: float(np.mean(client.episode_returns[-100:]))})
-        if C.READOUT in arrays:
+        strategy = cfg.resolved_strategy
+        if strategy in ("none", "truncate"):
+            # names the client: the server sums truncated readouts in partition order
+            metrics[C.PARTITION_ID] = partition(context)[0]
+        if strategy == "none":
+            return None, metrics
+        if strategy in ("avg", "truncate"):
             return {C.READOUT: client.readout}, metrics
         return {C.Q_ANCHORS: client.q_values(arrays[C.ANCHORS])}, metrics
 

@@ -4,6 +4,9 @@ Import them into any Flower ServerApp::
 
     from fedqhd.strategies import FedQHDAvg, FedQHDAnchor, FedQHDExact, PrivacyScreen
 
+and the FedQHD paper's baselines ``FedQHDIndependent`` (no aggregation) and
+``FedQHDTruncate`` (truncate-and-average of readouts of different shapes).
+
 The message contract (record names, array keys, metric keys) is in
 :mod:`fedqhd.strategies.contract` and in the README.
 """
@@ -12,6 +15,9 @@ from . import contract
 from .anchor import FedQHDAnchor
 from .avg import FedQHDAvg
 from .exact import FedQHDExact
+from .independent import FedQHDIndependent
 from .private import PrivacyScreen
+from .truncate import FedQHDTruncate
 
-__all__ = ["FedQHDAnchor", "FedQHDAvg", "FedQHDExact", "PrivacyScreen", "contract"]
+__all__ = ["FedQHDAnchor", "FedQHDAvg", "FedQHDExact", "FedQHDIndependent", "FedQHDTruncate",
+           "PrivacyScreen", "contract"]

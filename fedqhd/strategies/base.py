@@ -17,7 +17,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from . import contract as C
 from .identity import IdentityRegistry, client_key
-from .screening import Safeguards, ScreenedReplies, describe, screen_replies
+from .screening import Safeguards, ScreenedReplies, Shape, describe, screen_replies
 
 WEIGHTINGS = ("transitions", "uniform")
 
@@ -178,7 +178,7 @@ class FunctionSpaceStrategy(FedAvg):
 
     # ------------------------------------------------------------------ screening
     def _screen(self, stage: str, server_round: int, replies: Iterable[Message],
-                array_key: str | None, expected_shape: tuple[int, ...] | None
+                array_key: str | None, expected_shape: Shape | None
                 ) -> ScreenedReplies:
         sampled, self._sampled[stage] = self._sampled[stage], None
         label = f"{type(self).__name__} {stage} round {server_round}"

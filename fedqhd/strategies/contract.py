@@ -33,6 +33,10 @@ READOUT = "readout"      #: (D, |A|) readout of a shared encoder (FedQHDAvg: req
 ANCHORS = "anchors"      #: (m, obs_dim) anchor states fixed by the server (FedQHDAnchor)
 TEACHER = "teacher"      #: (m, |A|) weighted mean of client Q-values on the anchors
 Q_ANCHORS = "q-anchors"  #: (m, |A|) one client's Q-values on the anchors (required reply)
+#: (d, |A|) server -> client (FedQHDTruncate): the weighted mean of the first d = min_i D_i rows
+#: of the clients' readouts; each client puts it in its first d rows and keeps the rest. Its
+#: replies are READOUT of its own shape (D_i, |A|)
+READOUT_HEAD = "readout-head"
 # FedQHDExact (shared encoder, pooled ridge FQI from sufficient statistics; see exact.py)
 STATS_REQUEST = "stats-request"  #: (2,) server -> client: [transitions of this client already
 #                                   in the server's Gram, 1 if phi-y is wanted this round else 0]

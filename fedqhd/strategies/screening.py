@@ -44,6 +44,15 @@ AGGREGATIONS = ("mean", "median", "trimmed-mean", "clipped-mean")
 NUMPY_STYPE = "numpy.ndarray"
 #: elements an array of unknown expected shape may have (2 GiB of float64)
 MAX_ELEMENTS = 2**28
+#: a required shape; ``None`` in a dimension accepts any size there (readouts of different
+#: ``D_i``: ``(None, n_actions)``)
+Shape = tuple[int | None, ...]
+
+
+def shape_fits(shape: tuple[int, ...], expected: Shape) -> bool:
+    """Whether ``shape`` is ``expected``, a ``None`` dimension matching any size."""
+    return len(shape) == len(expected) and all(
+        e is None or s == e for s, e in zip(shape, expected, strict=True))
 
 
 @dataclass(frozen=True)
@@ -273,7 +282,7 @@ def describe(node: int, metrics: Any, known: Mapping[int, tuple[str, int]] | Non
 def screen_replies(
     replies: Iterable[Message],
     array_key: str | None,
-    expected_shape: tuple[int, ...] | None,
+    expected_shape: Shape | None,
     uniform: bool,
     label: str,
     safeguards: Safeguards = OFF,
@@ -289,8 +298,9 @@ def screen_replies(
         Key of the array each reply must carry in its ``arrays`` record; ``None``
         for metric-only replies (evaluation).
     expected_shape : tuple or None
-        Required shape of that array (``None``: the shape most well-formed replies
-        have, so that a first reply of another shape cannot set it).
+        Required shape of that array, a ``None`` entry accepting any size in its dimension
+        (``None``: the shape most well-formed replies have, so that a first reply of
+        another shape cannot set it).
     uniform : bool
         Weight accepted replies equally instead of by ``num-transitions``.
     label : str
@@ -418,7 +428,7 @@ def _cap_weights(out: ScreenedReplies, claims: list[float], uniform: bool, label
         out.weights.append(claim)
 
 
-def decode_array(obj: Any, expected_shape: tuple[int, ...] | None
+def decode_array(obj: Any, expected_shape: Shape | None
                  ) -> tuple[str | None, np.ndarray | None]:
     """``(None, float64 array)`` for a well-formed real-float numpy ``Array``, else
     ``(reason, None)``. Reads the ``.npy`` header first and never unpickles, never
@@ -444,7 +454,7 @@ def decode_array(obj: Any, expected_shape: tuple[int, ...] | None
     if dtype.hasobject or dtype.fields is not None or dtype.kind != "f":
         return f"dtype {dtype} is not a real floating type", None
     shape = tuple(int(s) for s in shape)
-    if expected_shape is not None and shape != tuple(expected_shape):
+    if expected_shape is not None and not shape_fits(shape, tuple(expected_shape)):
         return f"shape {shape}, expected {tuple(expected_shape)}", None
     n = math.prod(shape)
     if n > MAX_ELEMENTS:
@@ -461,7 +471,7 @@ def decode_array(obj: Any, expected_shape: tuple[int, ...] | None
 
 
 def _check(
-    msg: Message, array_key: str | None, expected_shape: tuple[int, ...] | None
+    msg: Message, array_key: str | None, expected_shape: Shape | None
 ) -> tuple[str | None, np.ndarray | None, dict[str, float]]:
     content = msg.content
     metrics_record = content.get(C.METRICS)

@@ -1,0 +1,145 @@
+"""The paper's baselines in the Flower app (``strategy = "none"`` / ``"truncate"``, online
+protocol): the same numbers as the bench's in-process :func:`fedqhd.online.run_online`,
+and the two strategies on mock replies."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from flwr.app import Error, Message, Metadata, MetricRecord, RecordDict
+
+from fedqhd.client.app import app as client_app
+from fedqhd.config import ConfigError, RunConfig
+from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100
+from fedqhd.online import run_online
+from fedqhd.server.app import run_federation
+from fedqhd.server.inprocess import InProcessGrid
+from fedqhd.strategies import FedQHDIndependent, FedQHDTruncate
+from fedqhd.strategies import contract as C
+from fedqhd.strategies.truncate import truncated_mean, with_head
+
+KEYS = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma": 0.9,
+        "ridge": 1.0, "proximal": 0.01, "local-iterations": 5, "episodes-per-round": 20,
+        "eval-episodes": 2, "online-capacity": 400, "seed": 7, "num-server-rounds": 6}
+#: the bench's aggregate mode of each app strategy
+BENCH = {"none": None, "truncate": "truncate"}
+
+
+def _bench_kwargs(cfg: RunConfig) -> dict:
+    """run_online's arguments for the settings of an app run config."""
+    return dict(episodes_per_round=cfg.episodes_per_round, encoder=cfg.encoder, seed=cfg.seed,
+                dim=cfg.hd_dim, enc_gamma=cfg.bandwidth, gamma=cfg.gamma, ridge=cfg.ridge,
+                proximal=cfg.proximal, sweeps=cfg.local_iterations,
+                per_episode=cfg.online_per_episode, tail=cfg.online_tail,
+                n_step=cfg.online_n_step, action_gap=cfg.online_action_gap,
+                fuse=cfg.online_fuse, capacity=cfg.online_capacity or None,
+                epsilon=(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor))
+
+
+@pytest.mark.parametrize("strategy,encoder", [("none", "shared"), ("none", "heterogeneous"),
+                                              ("truncate", "heterogeneous")])
+def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encoder):
+    """Round by round, the app's train-return-last100 is the bench's (same clients, seeds,
+    settings, and the truncated mean summed in client order as the bench sums it); only
+    the mean over clients is taken in reply order, hence 1e-9 and not equality."""
+    n = 3
+    cfg = RunConfig.from_run_config({**KEYS, "strategy": strategy, "encoder": encoder,
+                                     "min-nodes": n, "output-dir": str(tmp_path)})
+    _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),
+                            cfg)
+    rounds = json.loads((out / "results.json").read_text())["rounds"]
+    bench = run_online("CartPole-v1", n_clients=n, episodes=6 * 20, aggregate=BENCH[strategy],
+                       greedy_episodes=1, **_bench_kwargs(cfg))
+    app_curve = [r[TRAIN_RETURN_LAST100] for r in rounds]
+    bench_curve = [r["train-return-last100"] for r in bench.rounds]
+    np.testing.assert_allclose(app_curve, bench_curve, rtol=1e-9, atol=0)
+    assert bench_curve[-1] > bench_curve[0]  # something is learned, so the curves say something
+    for r in rounds:  # every client trained and evaluated its own policy; nothing capped
+        assert r[C.REPLIES_OK] == n and r[C.REPLIES_WEIGHT_CAPPED] == 0
+        assert r[f"{C.EVALUATE_PREFIX}{C.REPLIES_OK}"] == n and np.isfinite(r[C.RETURN_MEAN])
+    if strategy == "truncate":
+        # the clients did federate: the curve is not the independent learners'
+        alone = run_online("CartPole-v1", n_clients=n, episodes=6 * 20, aggregate=None,
+                           greedy_episodes=1, **_bench_kwargs(cfg))
+        assert [r["train-return-last100"] for r in alone.rounds] != bench_curve
+
+
+def test_baseline_strategies_need_fqi_online():
+    with pytest.raises(ConfigError, match="'strategy' = 'none'.*'protocol' = 'online'"):
+        RunConfig.from_run_config({"strategy": "none"})
+    with pytest.raises(ConfigError, match="'strategy' = 'truncate'.*'learner' = 'fqi'"):
+        RunConfig.from_run_config({"strategy": "truncate", "learner": "pool",
+                                   "env-id": "fedqhd/Inventory-v0", "protocol": "online"})
+    cfg = RunConfig.from_run_config({"protocol": "online", "strategy": "truncate",
+                                     "encoder": "heterogeneous"})
+    assert cfg.resolved_strategy == "truncate"
+
+
+# ------------------------------------------------------------------ strategies alone
+def _reply(node: int, arrays: dict | None = None, metrics: dict | None = None,
+           error: str | None = None) -> Message:
+    meta = Metadata(run_id=1, message_id=f"r{node}", src_node_id=node, dst_node_id=0,
+                    reply_to_message_id="q", group_id="1", created_at=time.time(), ttl=60,
+                    message_type="train")
+    if error is not None:
+        return Message(metadata=meta, error=Error(code=0, reason=error))
+    content = RecordDict()
+    if arrays is not None:
+        content[C.ARRAYS] = C.to_array_record(arrays)
+    if metrics is not None:
+        content[C.METRICS] = MetricRecord(metrics)
+    return Message(metadata=meta, content=content)
+
+
+def test_truncate_averages_the_first_min_d_rows_and_clients_keep_the_rest():
+    rng = np.random.default_rng(0)
+    readouts = {1: rng.normal(size=(6, 2)), 2: rng.normal(size=(4, 2)),
+                3: rng.normal(size=(5, 2))}
+    counts = {1: 10, 2: 30, 3: 60}
+    # replies arrive in another order than the clients' partition ids
+    replies = [_reply(10 + p, {C.READOUT: readouts[p]},
+                      {C.NUM_TRANSITIONS: counts[p], C.PARTITION_ID: p}) for p in (3, 1, 2)]
+    replies.append(_reply(20, {C.READOUT: rng.normal(size=(6, 3))},  # wrong |A|: refused
+                          {C.NUM_TRANSITIONS: 5, C.PARTITION_ID: 4}))
+    replies.append(_reply(21, error="boom"))
+    arrays, metrics = FedQHDTruncate(2).aggregate_train(1, replies)
+    head = arrays[C.READOUT_HEAD].numpy()
+    expected = sum(counts[p] / 100 * readouts[p][:4] for p in (1, 2, 3))
+    np.testing.assert_allclose(head, expected, rtol=0, atol=1e-15)
+    # bit for bit the bench's arithmetic: normalised weights, summed in client order
+    np.testing.assert_array_equal(head, truncated_mean([readouts[p] for p in (1, 2, 3)],
+                                                       np.array([10, 30, 60]) / 100))
+    assert (metrics[C.REPLIES_OK], metrics[C.REPLIES_REJECTED], metrics[C.REPLIES_FAILED],
+            metrics[C.CLIENTS_AVERAGED]) == (3, 1, 1, 3)
+    merged = with_head(readouts[1], head)  # what client 1 continues from
+    np.testing.assert_array_equal(merged[:4], head)
+    np.testing.assert_array_equal(merged[4:], readouts[1][4:])
+    with pytest.raises(ValueError, match="does not fit"):
+        with_head(readouts[2][:3], head)
+
+
+def test_truncate_with_another_rule_combines_the_truncated_rows():
+    rows = [np.full((3, 1), v) for v in (0.0, 1.0, 100.0)]
+    replies = [_reply(i, {C.READOUT: np.vstack([r, np.full((i, 1), 7.0)])},
+                      {C.NUM_TRANSITIONS: 10}) for i, r in enumerate(rows)]
+    arrays, _ = FedQHDTruncate(1, aggregation="median",
+                               norm_bound_factor=0.0).aggregate_train(1, replies)
+    np.testing.assert_array_equal(arrays[C.READOUT_HEAD].numpy(), np.ones((3, 1)))
+
+
+def test_independent_strategy_only_collects_metrics():
+    s = FedQHDIndependent()
+    assert len(s.initial_arrays()) == 0
+    replies = [_reply(1, None, {C.NUM_TRANSITIONS: 10, TRAIN_RETURN_LAST100: 20.0}),
+               _reply(2, None, {C.NUM_TRANSITIONS: 30, TRAIN_RETURN_LAST100: 40.0}),
+               _reply(3, None, {TRAIN_RETURN_LAST100: 1e9}),  # no size: refused
+               _reply(4, error="env crashed")]
+    arrays, metrics = s.aggregate_train(1, replies)
+    assert arrays is None  # the global record never changes
+    assert metrics[TRAIN_RETURN_LAST100] == pytest.approx(35.0)  # weighted by transitions
+    assert (metrics[C.REPLIES_OK], metrics[C.REPLIES_REJECTED], metrics[C.REPLIES_FAILED],
+            metrics[C.NUM_TRANSITIONS]) == (2, 1, 1, 40)
+    assert set(s.last_client_metrics) == {1, 2}
