@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from fedqhd.anchors import ANCHOR_SOURCES
+from fedqhd.baselines.dqn import DQN_SETTINGS
 from fedqhd.data.partition import PARTITIONS
 from fedqhd.data.shard import MAX_COMPRESSION_RATIO, MAX_TRANSITIONS, VALUE_CHECKS
 from fedqhd.encoders import ENCODER_KINDS
@@ -56,6 +57,9 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("online_gamma_ramp", "gamma_ramp"), ("episodes_per_round", "episodes_per_round"),
     ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"),
     ("online_capacity", "capacity"))
+#: what online-settings = "auto" sets for learner dqn (fedqhd.baselines.dqn.DQN_SETTINGS)
+_DQN_AUTO_FIELDS: tuple[tuple[str, str], ...] = (("gamma", "gamma"),
+                                                 ("episodes_per_round", "episodes_per_round"))
 #: table entries a task may leave out, with the value they stand for
 _AUTO_MISSING: dict[str, float] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
                                    "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0,
@@ -143,8 +147,9 @@ class RunConfig:
                                                     "D of the shared encoder"))
     bandwidth: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e6, lo_open=True),
                                                         "RBF gamma (base gamma if heterogeneous)"))
-    learner: str = field(default="fqi", metadata=_key(_choice(learner_names()),
-                                                      "local learner: fqi or pool (private)"))
+    learner: str = field(default="fqi", metadata=_key(
+        _choice(learner_names()), "local learner: fqi, pool (private) or dqn (FedAvg-DQN, "
+        "the paper's baseline; online protocol, extra dqn)"))
     gamma: float = field(default=0.99, metadata=_key(_float_range(0.0, 1.0, hi_open=True),
                                                      "discount"))
     ridge: float = field(default=0.1, metadata=_key(_float_range(0.0, 1e9, lo_open=True),
@@ -326,20 +331,14 @@ class RunConfig:
                 raise ConfigError(f"run-config key '{_kebab(f.name)}' = {value!r} is invalid: "
                                   f"expected {problem}")
         # the keys as given are checked above; the table's values replace them
-        if (self.protocol == "online" and self.online_settings == "auto"
-                and self.env_id in ONLINE_SETTINGS):
-            table = online_settings(self.env_id, self.encoder)
-            for name, key in _AUTO_FIELDS:
-                kind = type(getattr(self, name))
-                object.__setattr__(self, name, kind(table.get(key, _AUTO_MISSING.get(key))))
-            object.__setattr__(self, "online_obs_scale",
-                               ",".join(repr(float(v)) for v in table.get("obs_scale", ())))
-            for name, value in zip(("epsilon_start", "epsilon_decay", "epsilon_floor"),
-                                   table["epsilon"], strict=True):
-                object.__setattr__(self, name, float(value))
-            # the paper's protocol is counted in episodes: as many rounds as they take
-            object.__setattr__(self, "num_server_rounds",
-                               math.ceil(self.online_episodes / self.episodes_per_round))
+        if self.protocol == "online" and self.online_settings == "auto":
+            if self.learner == "dqn":
+                self._set_auto(DQN_SETTINGS, _DQN_AUTO_FIELDS)
+            elif self.env_id in ONLINE_SETTINGS:
+                table = online_settings(self.env_id, self.encoder)
+                self._set_auto(table, _AUTO_FIELDS)
+                object.__setattr__(self, "online_obs_scale",
+                                   ",".join(repr(float(v)) for v in table.get("obs_scale", ())))
         if self.epsilon_min > self.epsilon_max:
             raise ConfigError(f"run-config keys 'epsilon-min' ({self.epsilon_min}) and "
                               f"'epsilon-max' ({self.epsilon_max}): need min <= max")
@@ -369,9 +368,9 @@ class RunConfig:
                               "the FedQHD paper's online protocol) needs 'learner' = 'fqi' and "
                               f"'protocol' = 'online', got {self.learner!r} and "
                               f"{self.protocol!r}")
-        if self.protocol == "online" and self.learner != "fqi":
-            raise ConfigError(f"run-config key 'protocol' = 'online' needs 'learner' = 'fqi', "
-                              f"got {self.learner!r}")
+        if self.protocol == "online" and self.learner not in ("fqi", "dqn"):
+            raise ConfigError(f"run-config key 'protocol' = 'online' needs 'learner' = 'fqi' "
+                              f"or 'dqn', got {self.learner!r}")
         if (self.protocol == "online" and self.online_gamma_final > self.gamma
                 and self.online_n_step > 1):
             raise ConfigError("run-config key 'online-gamma-final' (a discount schedule) "
@@ -397,6 +396,20 @@ class RunConfig:
         if self.anchor_source == "file" and not self.anchor_file:
             raise ConfigError("run-config key 'anchor-file' must name a .npy or .npz file when "
                               "'anchor-source' = 'file'")
+
+    def _set_auto(self, table: Mapping[str, Any], fields_: tuple[tuple[str, str], ...]
+                  ) -> None:
+        """Take an online settings table: ``fields_`` (field, table key), the epsilon
+        schedule, and as many rounds as ``online-episodes`` take."""
+        for name, key in fields_:
+            kind = type(getattr(self, name))
+            object.__setattr__(self, name, kind(table.get(key, _AUTO_MISSING.get(key))))
+        for name, value in zip(("epsilon_start", "epsilon_decay", "epsilon_floor"),
+                               table["epsilon"], strict=True):
+            object.__setattr__(self, name, float(value))
+        # the paper's protocol is counted in episodes: as many rounds as they take
+        object.__setattr__(self, "num_server_rounds",
+                           math.ceil(self.online_episodes / self.episodes_per_round))
 
     @property
     def learner_key(self) -> str:

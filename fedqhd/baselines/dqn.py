@@ -50,12 +50,25 @@ from fedqhd.seeding import dqn_batch_rng, dqn_client_rngs, dqn_evaluation_seed, 
 
 __all__ = [
     "DQNClients",
+    "DQN_SETTINGS",
     "HETERO_WIDTHS",
+    "PAPER_HIDDEN",
     "fedavg",
+    "initial_network",
+    "mlp_q",
+    "network_shapes",
     "run_distill_dqn",
     "run_fedavg_dqn",
 ]
 
+#: the paper's MLP: state-128-256-|A|
+PAPER_HIDDEN: tuple[int, int] = (128, 256)
+#: the paper's FedAvg-DQN protocol settings, as :class:`DQNClients` and
+#: :func:`run_fedavg_dqn` default to them: discount, episodes between aggregations and
+#: epsilon = (start, decay per episode, floor); the Flower app's ``learner = "dqn"`` takes
+#: them under ``online-settings = "auto"``
+DQN_SETTINGS: dict[str, Any] = dict(gamma=0.99, episodes_per_round=25,
+                                    epsilon=(1.0, 0.995, 0.001))
 #: hidden widths cycled over clients in the heterogeneous distillation setting
 #: (none wider than the shared (128, 256), so padding costs no extra compute)
 HETERO_WIDTHS: tuple[tuple[int, int], ...] = ((128, 256), (64, 128), (96, 192), (128, 128),
@@ -141,6 +154,30 @@ def _init_mlp(rng: np.random.Generator, sizes: Sequence[int]) -> list[np.ndarray
     return out
 
 
+def network_shapes(obs_dim: int, n_actions: int, hidden: Sequence[int] = PAPER_HIDDEN
+                   ) -> list[tuple[int, ...]]:
+    """Shapes of the MLP's arrays W1, b1, W2, b2, W3, b3."""
+    h1, h2 = (int(h) for h in hidden)
+    return [(obs_dim, h1), (h1,), (h1, h2), (h2,), (h2, n_actions), (n_actions,)]
+
+
+def initial_network(env_id: str, seed: int, hidden: Sequence[int] = PAPER_HIDDEN
+                    ) -> list[np.ndarray]:
+    """The network every FedAvg-DQN client starts from (``same_init``): drawn from
+    :func:`fedqhd.seeding.dqn_init_rng`, without JAX."""
+    spec = get_spec(env_id)
+    return _init_mlp(dqn_init_rng(seed), (spec.obs_dim, *hidden, spec.n_actions))
+
+
+def mlp_q(params: Sequence[np.ndarray], states: np.ndarray) -> np.ndarray:
+    """Q of the MLP ``params`` (W1, b1, W2, b2, W3, b3) at ``states`` (one state or a
+    batch), in float64 numpy: evaluation without JAX."""
+    w1, b1, w2, b2, w3, b3 = (np.asarray(a, np.float64) for a in params)
+    h = np.maximum(np.asarray(states, np.float64) @ w1 + b1, 0.0)
+    h = np.maximum(h @ w2 + b2, 0.0)
+    return h @ w3 + b3
+
+
 def fedavg(params: Sequence[Sequence[np.ndarray]],
            weights: Sequence[float] | np.ndarray | None = None
            ) -> list[np.ndarray]:
@@ -219,6 +256,9 @@ class DQNClients:
         Gradient steps between hard target-network copies (500).
     dynamics : dict or sequence of dicts or None
         Physical parameters of the clients' envs (see :func:`fedqhd.envs.make_env`).
+    first_client : int
+        Index of the first client held: its exploration stream is client
+        ``first_client``'s of an in-process run (a Flower node holds its partition alone).
     """
 
     def __init__(
@@ -226,7 +266,7 @@ class DQNClients:
         env_id: str,
         n_clients: int = 1,
         seed: int = 0,
-        hidden: Sequence[int] | Sequence[Sequence[int]] = (128, 256),
+        hidden: Sequence[int] | Sequence[Sequence[int]] = PAPER_HIDDEN,
         same_init: bool = False,
         lr: float = 1e-3,
         gamma: float = 0.99,
@@ -238,6 +278,7 @@ class DQNClients:
         learning_starts: int | None = None,
         target_update: int = 500,
         dynamics: dict | Sequence[dict | None] | None = None,
+        first_client: int = 0,
     ):
         jax, jnp, _ = _require_jax()
         self._jnp = jnp
@@ -255,8 +296,8 @@ class DQNClients:
         self.eps_decay, self.eps_min = float(eps_decay), float(eps_min)
         self._k = _kernels(float(lr), float(gamma))
 
-        self._rngs = dqn_client_rngs(seed, n)
-        self._batch_rng = dqn_batch_rng(seed, n)
+        self._rngs = dqn_client_rngs(seed, n, first_client)
+        self._batch_rng = dqn_batch_rng(seed, n, first_client)
         h1m = max(h[0] for h in self.hidden)
         h2m = max(h[1] for h in self.hidden)
         self._h_max = (h1m, h2m)
@@ -289,8 +330,7 @@ class DQNClients:
 
     # ---- parameters ---------------------------------------------------------------
     def _shapes(self, h1: int, h2: int):
-        d, na = self.obs_dim, self.n_actions
-        return [(d, h1), (h1,), (h1, h2), (h2,), (h2, na), (na,)]
+        return network_shapes(self.obs_dim, self.n_actions, (h1, h2))
 
     @staticmethod
     def _pad_into(stacked, i, arrays):
@@ -398,12 +438,10 @@ class DQNClients:
 
     def greedy_policy(self, i: int = 0):
         """Client ``i``'s greedy policy as a numpy function obs -> action (for evaluation)."""
-        w1, b1, w2, b2, w3, b3 = (a.astype(np.float64) for a in self.get_parameters(i))
+        params = [a.astype(np.float64) for a in self.get_parameters(i)]
 
         def policy(obs: np.ndarray) -> int:
-            h = np.maximum(np.asarray(obs, np.float64) @ w1 + b1, 0.0)
-            h = np.maximum(h @ w2 + b2, 0.0)
-            return int(np.argmax(h @ w3 + b3))
+            return int(np.argmax(mlp_q(params, obs)))
 
         return policy
 

@@ -96,6 +96,26 @@ def _adopt(client: OnlineClient, cache: dict[str, Any], arrays: Arrays, cfg: Run
                                                         cfg.online_compile_ridge or cfg.ridge)
 
 
+def with_train_return(plan: ServerPlan) -> ServerPlan:
+    """``plan`` whose server evaluation adds ``train-return-last100`` as the paper defines
+    it: the plain mean over the clients that replied this round (the strategy's round
+    metric weights clients by their transitions, which favours long episodes)."""
+    strategy, inner = plan.strategy, plan.evaluate
+
+    def evaluate(arrays: ArrayRecord) -> MetricRecord | None:
+        metrics = inner(arrays) if inner is not None else None
+        per_client = [m[TRAIN_RETURN_LAST100] for m in
+                      strategy.last_client_metrics.values()  # type: ignore[attr-defined]
+                      if TRAIN_RETURN_LAST100 in m]
+        if not per_client:
+            return metrics
+        metrics = metrics if metrics is not None else MetricRecord()
+        metrics[TRAIN_RETURN_LAST100] = float(np.mean(per_client))
+        return metrics
+
+    return ServerPlan(plan.strategy, plan.initial_arrays, evaluate, plan.run_info)
+
+
 class FQIOnline(FQI):
     """Registry entry ``fqi-online`` (run config ``learner = "fqi"``, ``protocol = "online"``)."""
 
@@ -122,23 +142,7 @@ class FQIOnline(FQI):
         else:
             # every client replies every round with what it just learned: plain averaging
             plan = super().server_plan(cfg.replace(client_update="proximal"), **strategy_kwargs)
-        strategy, inner = plan.strategy, plan.evaluate
-
-        def evaluate(arrays: ArrayRecord) -> MetricRecord | None:
-            """The server's evaluation, with ``train-return-last100`` as the paper defines
-            it: the plain mean over the clients that replied (the strategy's round metric
-            weights clients by their transitions, which favours long episodes)."""
-            metrics = inner(arrays) if inner is not None else None
-            per_client = [m[TRAIN_RETURN_LAST100] for m in
-                          strategy.last_client_metrics.values()  # type: ignore[attr-defined]
-                          if TRAIN_RETURN_LAST100 in m]
-            if not per_client:
-                return metrics
-            metrics = metrics if metrics is not None else MetricRecord()
-            metrics[TRAIN_RETURN_LAST100] = float(np.mean(per_client))
-            return metrics
-
-        return ServerPlan(plan.strategy, plan.initial_arrays, evaluate, plan.run_info)
+        return with_train_return(plan)
 
     def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
         return (f"train return (last 100) {row.get(TRAIN_RETURN_LAST100, float('nan')):.1f} | "

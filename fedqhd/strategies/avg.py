@@ -46,6 +46,9 @@ class FedQHDAvg(FunctionSpaceStrategy):
     readout_shape : tuple of int or None
         Shape every reply's readout must have; ``None`` (default): the shape of the
         global readout that :meth:`configure_train` sends.
+    array_key : str
+        The key of the averaged array, both ways (default ``"readout"``; FedAvg-DQN
+        averages its flattened MLP under ``"network"``: plain FedAvg of parameters).
     fraction_train, fraction_evaluate : float
         Fractions of connected nodes sampled for training / federated evaluation
         (``fraction_evaluate`` 0 by default, as in every fedqhd strategy: no evaluation).
@@ -74,12 +77,14 @@ class FedQHDAvg(FunctionSpaceStrategy):
                  fraction_evaluate: float = 0.0, min_train_nodes: int = 2,
                  min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
                  aggregate: str = "sampled",
-                 readout_shape: tuple[int, ...] | None = None, **safeguards: Any) -> None:
+                 readout_shape: tuple[int, ...] | None = None, array_key: str = C.READOUT,
+                 **safeguards: Any) -> None:
         if aggregate not in AGGREGATES:
             raise ValueError(f"aggregate must be one of {AGGREGATES}, got {aggregate!r}")
         super().__init__(weighting, fraction_train, fraction_evaluate, min_train_nodes,
                          min_evaluate_nodes, min_available_nodes, **safeguards)
         self.aggregate = aggregate
+        self.array_key = array_key
         self.readout_shape = None if readout_shape is None else tuple(readout_shape)
         #: client key -> (readout, weight) of its latest accepted reply (aggregate="latest")
         self._latest: dict[ClientKey, tuple[np.ndarray, float]] = {}
@@ -105,10 +110,10 @@ class FedQHDAvg(FunctionSpaceStrategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        if C.READOUT not in arrays:
-            raise ValueError(f"FedQHDAvg needs the global '{C.READOUT}' array in its "
+        if self.array_key not in arrays:
+            raise ValueError(f"FedQHDAvg needs the global '{self.array_key}' array in its "
                              f"ArrayRecord; got keys {list(arrays.keys())}")
-        self.readout_shape = tuple(arrays[C.READOUT].shape)
+        self.readout_shape = tuple(arrays[self.array_key].shape)
         messages = list(super().configure_train(server_round, arrays, config, grid))
         if self._owed:
             messages = [self._with_last_reply(msg, arrays) for msg in messages]
@@ -122,7 +127,7 @@ class FedQHDAvg(FunctionSpaceStrategy):
         key = self.identities.key_of.get(node)
         if key is None or key not in self._owed or key not in self._latest:
             return msg
-        record = C.to_array_record({C.READOUT: arrays[C.READOUT].numpy(),
+        record = C.to_array_record({self.array_key: arrays[self.array_key].numpy(),
                                     C.LAST_REPLY: self._latest[key][0]})
         content = RecordDict({C.ARRAYS: record, C.CONFIG: msg.content[C.CONFIG]})
         return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
@@ -130,7 +135,8 @@ class FedQHDAvg(FunctionSpaceStrategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        screened = self._screen("train", server_round, replies, C.READOUT, self.readout_shape)
+        screened = self._screen("train", server_round, replies, self.array_key,
+                                self.readout_shape)
         keys = self._bind_identities(screened, server_round)
         if self.aggregate == "latest":
             # a client is its partition id where it sends one (a restarted SuperNode may
@@ -157,4 +163,5 @@ class FedQHDAvg(FunctionSpaceStrategy):
                 "%d latest replies of earlier rounds)", server_round, len(arrays),
                 len(screened.arrays), len(arrays) - len(screened.arrays))
         self.last_train_metrics = metrics
-        return C.to_array_record({C.READOUT: self.safeguards.combine(arrays, weights)}), metrics
+        return (C.to_array_record({self.array_key: self.safeguards.combine(arrays, weights)}),
+                metrics)

@@ -37,6 +37,9 @@ Q_ANCHORS = "q-anchors"  #: (m, |A|) one client's Q-values on the anchors (requi
 #: of the clients' readouts; each client puts it in its first d rows and keeps the rest. Its
 #: replies are READOUT of its own shape (D_i, |A|)
 READOUT_HEAD = "readout-head"
+#: (P,) FedAvg-DQN (learner = "dqn", FedQHDAvg(array_key=NETWORK)): the MLP's parameters
+#: W1, b1, W2, b2, W3, b3 flattened in that order, both ways
+NETWORK = "network"
 # FedQHDExact (shared encoder, pooled ridge FQI from sufficient statistics; see exact.py)
 STATS_REQUEST = "stats-request"  #: (2,) server -> client: [transitions of this client already
 #                                   in the server's Gram, 1 if phi-y is wanted this round else 0]
