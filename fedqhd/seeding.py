@@ -103,14 +103,19 @@ def online_client_rng(seed: int) -> np.random.Generator:
     return _rng(seed, _ONLINE_CLIENT)
 
 
-def dqn_client_rngs(seed: int, n_clients: int) -> list[np.random.Generator]:
-    """Each DQN client's exploration and environment resets."""
-    return [_rng(seed, i) for i in range(n_clients)]
+def dqn_client_rngs(seed: int, n_clients: int, first: int = 0) -> list[np.random.Generator]:
+    """Each DQN client's exploration and environment resets (clients ``first``,
+    ``first + 1``, ...: a Flower node holding client ``pid`` alone gets the stream client
+    ``pid`` has in process)."""
+    return [_rng(seed, first + i) for i in range(n_clients)]
 
 
-def dqn_batch_rng(seed: int, n_clients: int) -> np.random.Generator:
-    """The DQN clients' replay minibatch draws."""
-    return _rng(seed, n_clients, _DQN_BATCHES)
+def dqn_batch_rng(seed: int, n_clients: int, first: int = 0) -> np.random.Generator:
+    """The replay minibatch draws of DQN clients ``first`` ... ``first + n_clients - 1``
+    held together (one stream for all of them)."""
+    if first == 0:
+        return _rng(seed, n_clients, _DQN_BATCHES)
+    return _rng(seed, n_clients, _DQN_BATCHES, first)
 
 
 def dqn_init_rng(seed: int) -> np.random.Generator:
