@@ -96,6 +96,29 @@ def _adopt(client: OnlineClient, cache: dict[str, Any], arrays: Arrays, cfg: Run
                                                         cfg.online_compile_ridge or cfg.ridge)
 
 
+#: the in-process bench's ``run_online(aggregate=...)`` of each app strategy
+BENCH_AGGREGATE: dict[str, str | None] = {"avg": "average", "anchor": "anchors",
+                                          "truncate": "truncate", "none": None}
+
+
+def run_online_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """The arguments of :func:`fedqhd.online.run_online` (the bench) that run what the app
+    runs under ``cfg``: same clients, seeds and settings (``n_clients`` and ``episodes``
+    are the caller's: the number of nodes, and rounds x ``episodes-per-round``)."""
+    return dict(env_id=cfg.env_id, episodes_per_round=cfg.episodes_per_round,
+                encoder=cfg.encoder, aggregate=BENCH_AGGREGATE[cfg.resolved_strategy],
+                seed=cfg.seed, dim=cfg.hd_dim, enc_gamma=cfg.bandwidth, gamma=cfg.gamma,
+                ridge=cfg.ridge, proximal=cfg.proximal, action_gap=cfg.online_action_gap,
+                n_step=cfg.online_n_step, fuse=cfg.online_fuse,
+                gamma_final=cfg.online_gamma_final, gamma_ramp=cfg.online_gamma_ramp,
+                tail=cfg.online_tail, sweeps=cfg.local_iterations,
+                capacity=cfg.online_capacity or None, per_episode=cfg.online_per_episode,
+                epsilon=(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor),
+                obs_scale=cfg.obs_scale, n_anchors=cfg.num_anchors,
+                anchor_source=cfg.anchor_source,
+                compile_ridge=cfg.online_compile_ridge or cfg.ridge)
+
+
 def with_train_return(plan: ServerPlan) -> ServerPlan:
     """``plan`` whose server evaluation adds ``train-return-last100`` as the paper defines
     it: the plain mean over the clients that replied this round (the strategy's round

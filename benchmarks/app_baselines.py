@@ -1,0 +1,64 @@
+"""The paper's baselines in the Flower app next to the bench's in-process run.
+
+Runs one app run config (online protocol, ``online-settings = "auto"``: the per-task
+table, the paper's 600 episodes per client) on an in-process Grid of ``--clients``
+ClientApps, then :func:`fedqhd.online.run_online` with the same settings
+(:func:`fedqhd.learners.fqi_online.run_online_kwargs`), and prints one markdown row:
+the final last-100 training return of each, the largest per-round difference, and
+CPU / wall seconds of each. One CPU thread.
+
+    python benchmarks/app_baselines.py --env CartPole-v1 --strategy truncate \\
+        --encoder heterogeneous --seed 42
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from fedqhd.client.app import app as client_app  # noqa: E402
+from fedqhd.config import RunConfig  # noqa: E402
+from fedqhd.learners.fqi_online import run_online_kwargs  # noqa: E402
+from fedqhd.online import run_online  # noqa: E402
+from fedqhd.server.app import run_federation  # noqa: E402
+from fedqhd.server.inprocess import InProcessGrid  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--strategy", default="none", help="none, truncate, avg or anchor")
+    parser.add_argument("--encoder", default="shared")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--clients", type=int, default=5)
+    parser.add_argument("--episodes", type=int, default=600)
+    args = parser.parse_args()
+    cfg = RunConfig.from_run_config({
+        "protocol": "online", "env-id": args.env, "strategy": args.strategy,
+        "encoder": args.encoder, "seed": args.seed, "online-episodes": args.episodes,
+        "min-nodes": args.clients, "output-dir": tempfile.mkdtemp(prefix="app-baselines-")})
+    wall, cpu = time.perf_counter(), time.process_time()
+    _, out = run_federation(InProcessGrid([client_app] * args.clients,
+                                          run_config=cfg.to_run_config()), cfg)
+    app_wall, app_cpu = time.perf_counter() - wall, time.process_time() - cpu
+    rounds = json.loads((out / "results.json").read_text())["rounds"]
+    episodes = cfg.num_server_rounds * cfg.episodes_per_round
+    bench = run_online(n_clients=args.clients, episodes=episodes, **run_online_kwargs(cfg))
+    app_curve = [r["train-return-last100"] for r in rounds]
+    bench_curve = [r["train-return-last100"] for r in bench.rounds]
+    diff = max(abs(a - b) for a, b in zip(app_curve, bench_curve, strict=True))
+    print("| env | strategy | encoder | seed | app last-100 | bench last-100 | max per-round "
+          "diff | app CPU s | app wall s | bench CPU s | bench wall s |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {args.env} | {args.strategy} | {args.encoder} | {args.seed} | "
+          f"{app_curve[-1]:.1f} | {bench_curve[-1]:.1f} | {diff:.2g} | {app_cpu:.0f} | "
+          f"{app_wall:.0f} | {bench.cpu_s:.0f} | {bench.wall_s:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
