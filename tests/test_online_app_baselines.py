@@ -103,8 +103,11 @@ def test_truncate_averages_the_first_min_d_rows_and_clients_keep_the_rest():
     merged = with_head(readouts[1], head)  # what client 1 continues from
     np.testing.assert_array_equal(merged[:4], head)
     np.testing.assert_array_equal(merged[4:], readouts[1][4:])
+    # a client with fewer rows than the head (not sampled in a round of larger D_i) takes
+    # its first rows of it, and never fails
+    np.testing.assert_array_equal(with_head(readouts[2][:3], head), head[:3])
     with pytest.raises(ValueError, match="does not fit"):
-        with_head(readouts[2][:3], head)
+        with_head(readouts[2], head[:, :1])
 
 
 def test_truncate_with_another_rule_combines_the_truncated_rows():
@@ -129,3 +132,29 @@ def test_independent_strategy_only_collects_metrics():
     assert (metrics[C.REPLIES_OK], metrics[C.REPLIES_REJECTED], metrics[C.REPLIES_FAILED],
             metrics[C.NUM_TRANSITIONS]) == (2, 1, 1, 40)
     assert set(s.last_client_metrics) == {1, 2}
+
+
+def test_truncate_under_node_sampling_never_fails_a_client(tmp_path, monkeypatch):
+    """With half the nodes sampled, a round's head can be longer than an unsampled
+    client's readout (D_i 500 ... 5000): that client takes its first rows of it."""
+    from fedqhd.strategies import truncate
+
+    heads: list[int] = []
+
+    def spy(readouts, weights):
+        heads.append(min(r.shape[0] for r in readouts))
+        return truncated_mean(readouts, weights)
+
+    monkeypatch.setattr(truncate, "truncated_mean", spy)
+    n = 4
+    cfg = RunConfig.from_run_config({**KEYS, "strategy": "truncate", "encoder": "heterogeneous",
+                                     "min-nodes": n, "fraction-train": 0.5, "seed": 1,
+                                     "num-server-rounds": 3, "output-dir": str(tmp_path)})
+    _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),
+                            cfg)
+    assert max(heads) > 500  # seed 1 samples two clients of D_i >= 1000 in a round
+    rounds = json.loads((out / "results.json").read_text())["rounds"]
+    for r in rounds:
+        assert (r[C.REPLIES_OK], r[C.REPLIES_FAILED]) == (2, 0)
+        assert (r[f"{C.EVALUATE_PREFIX}{C.REPLIES_OK}"],
+                r[f"{C.EVALUATE_PREFIX}{C.REPLIES_FAILED}"]) == (n, 0)

@@ -28,14 +28,17 @@ def truncated_mean(readouts: Sequence[np.ndarray], weights: Sequence[float] | np
 
 
 def with_head(readout: np.ndarray, head: np.ndarray) -> np.ndarray:
-    """``readout`` with its first ``len(head)`` rows replaced by ``head`` (a copy): the
-    rows beyond have no counterpart in other clients' features, and zeroing them would
-    discard what the client learned there."""
-    if head.ndim != 2 or head.shape[0] > readout.shape[0] or head.shape[1] != readout.shape[1]:
+    """``readout`` with its first ``k = min(len(head), len(readout))`` rows replaced by
+    those of ``head`` (a copy): the rows beyond have no counterpart in other clients'
+    features, and zeroing them would discard what the client learned there. A head
+    longer than the readout (a round whose sampled clients all had more rows than this
+    one) is truncated in turn."""
+    if head.ndim != 2 or head.shape[1] != readout.shape[1]:
         raise ValueError(f"a head of shape {head.shape} does not fit a readout of shape "
                          f"{readout.shape}")
     merged = np.array(readout, dtype=np.float64)
-    merged[:len(head)] = head
+    k = min(len(head), len(merged))
+    merged[:k] = head[:k]
     return merged
 
 
