@@ -182,6 +182,9 @@ class RunConfig:
     sim_window: int = field(default=32, metadata=_key(_int_range(0, 1 << 30), (
         "flwr run simulation only: messages stored at once (0: all, as Flower does); "
         "Flower's engine scans every stored message per node and poll")))
+    sim_index: bool = field(default=True, metadata=_key(lambda v: None, (
+        "flwr run simulation only: index Flower's in-memory link state by node, so the "
+        "engine's per-node poll checks that node's messages, not every stored one")))
     round_timeout: float = field(default=600.0, metadata=_key(
         _float_range(0.0, 1e6, lo_open=True),
         "seconds to wait for a round's replies; late or lost ones count as timed out"))

@@ -224,3 +224,74 @@ def test_float32_features_halve_a_learner_and_move_the_readout_little(tmp_path):
     moved = np.linalg.norm(narrow_readout - reference) / np.linalg.norm(reference)
     print("relative readout difference", moved)
     assert 0 < moved < 1e-5
+
+
+def _simulation_state(nodes: int, indexed: bool):
+    """Flower's simulation link state and grid as ``flwr-simulation`` builds them."""
+    from flwr.proto.task_pb2 import Task  # pylint: disable=E0611
+    from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.grid import InMemoryGrid
+
+    from fedqhd.server.simindex import index_messages
+
+    factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(),
+                               ObjectStoreFactory())
+    state = factory.state()
+    run = Run.create_empty(run_id=7)
+    run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
+    state.run_ids[7] = RunRecord(run=run)
+    state.task_store[1] = Task(task_id=1, run_id=7)
+    mapping = _register_nodes(num_nodes=nodes, state_factory=factory)
+    grid = InMemoryGrid(state_factory=factory)
+    grid.set_run(run)
+    if indexed:
+        assert index_messages(state) and index_messages(state)  # idempotent
+    return state, grid, list(mapping)
+
+
+def test_the_node_index_hands_the_engine_the_messages_flowers_scan_does(monkeypatch):
+    """The engine's poll (get_message_ins per node, limit 1) picks the same messages in
+    the same order, marks them delivered, and drops expired ones, with or without the
+    per-node index; pushes after a poll and deleted messages are seen the same way."""
+    import time
+
+    from flwr.app import Message, MetricRecord, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 7), ("_node_id", 1), ("_task_id", 1)):  # 1: SuperLink
+        monkeypatch.setattr(TaskIdentity, name, value)  # Messages need the ServerApp's
+    picked = {}
+    for indexed in (False, True):
+        state, grid, nodes = _simulation_state(6, indexed)
+        log = []
+
+        def push(dsts, ttl=None, grid=grid):
+            msgs = [Message(RecordDict({"m": MetricRecord({"k": k})}), nodes[d], "train",
+                            ttl=ttl) for d, k in dsts]
+            return list(grid.push_messages(msgs))
+
+        def poll(state=state, nodes=nodes, log=log):
+            for node in nodes:  # as add_messages_to_queue does, every 0.1 s
+                for msg in state.get_message_ins(node_id=node, limit=1):
+                    assert msg.metadata.delivered_at != ""
+                    log.append((nodes.index(node), msg.content["m"]["k"]))
+
+        ids = push([(0, 0), (3, 1), (3, 2), (5, 3)])
+        push([(1, 4)], ttl=0.05)  # expires before the poll
+        time.sleep(0.1)
+        poll()
+        poll()  # node 3's second message
+        state.delete_messages(set(ids[:2]))  # replies pulled
+        push([(0, 5), (2, 6)])
+        poll()
+        poll()  # nothing left undelivered
+        assert not any(m.content["m"]["k"] == 4 for m in state.message_ins_store.values())
+        picked[indexed] = log
+    assert picked[False] == [(0, 0), (3, 1), (5, 3), (3, 2), (0, 5), (2, 6)]
+    assert picked[True] == picked[False]
