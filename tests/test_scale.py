@@ -78,8 +78,8 @@ def test_only_flowers_simulation_grid_is_windowed():
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
     sim = InMemoryGrid.__new__(InMemoryGrid)
-    assert isinstance(for_simulation(sim, 8), WindowedGrid)
-    assert for_simulation(sim, 0) is sim  # sim-window = 0: Flower's own behaviour
+    assert isinstance(for_simulation(sim, 8, index=False), WindowedGrid)
+    assert for_simulation(sim, 0, index=False) is sim  # sim-window = 0: Flower's own
     plain = InProcessGrid([client_app])
     assert for_simulation(plain, 8) is plain
 
@@ -196,6 +196,7 @@ def test_a_rebuilt_learner_reuses_its_loaded_shard(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fqi, "client_shard", counting)
     fqi._NODE_LEARNERS.resize(0)
+    fqi._NODE_LEARNERS.builds = 0
     # D = 2000, 2 episodes: a learner is about 0.8 MB, so 1 MiB keeps one of the 3
     reference = _run(tmp_path, "ref", hd_dim=2000, learner_cache_mib=1024)
     assert sorted(loads) == [0, 1, 2] and fqi._NODE_LEARNERS.builds == 3
@@ -271,7 +272,7 @@ def test_the_node_index_hands_the_engine_the_messages_flowers_scan_does(monkeypa
         state, grid, nodes = _simulation_state(6, indexed)
         log = []
 
-        def push(dsts, ttl=None, grid=grid):
+        def push(dsts, ttl=None, grid=grid, nodes=nodes):
             msgs = [Message(RecordDict({"m": MetricRecord({"k": k})}), nodes[d], "train",
                             ttl=ttl) for d, k in dsts]
             return list(grid.push_messages(msgs))
