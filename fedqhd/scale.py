@@ -2,9 +2,10 @@
 
 Both measurements run in child processes and are measured the same way: wall time,
 per-round times from the run's ``results.json`` (its ``wall-time-s`` column, counted
-from the ServerApp's start, so Ray's start-up falls before round 1 or into it) and the
+from the ServerApp's start, so Ray's start-up falls before round 1 or into it), the
 peak of the summed resident memory of the whole process tree (SuperLink, simulation
-process, Ray and its workers), sampled every 0.2 s from ``/proc``.
+process, Ray and its workers), sampled every 0.2 s from ``/proc``, and the CPU seconds
+of that tree (the measure that survives a shared machine).
 
 ``flwr run`` gets a private SuperLink on free ports and a private ``FLWR_HOME`` (the
 command ``flwr run`` itself would start for ``:local:``), stopped with everything it
@@ -66,9 +67,23 @@ def _name(pid: int) -> str:
     return Path(pick).name
 
 
-def tree_rss(pids: list[int], by_name: dict[str, int] | None = None) -> int:
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds ``pid`` has used so far (``None``: gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def tree_rss(pids: list[int], by_name: dict[str, int] | None = None,
+             cpu: dict[int, float] | None = None) -> int:
     """Summed resident memory (bytes) of ``pids`` and all their descendants; with
-    ``by_name``, also added up per process name there."""
+    ``by_name``, also added up per process name there; with ``cpu``, each process's CPU
+    seconds so far are recorded there by pid."""
     tree, total, seen = _children(), 0, set()
     stack = list(pids)
     while stack:
@@ -77,6 +92,8 @@ def tree_rss(pids: list[int], by_name: dict[str, int] | None = None) -> int:
             continue
         seen.add(pid)
         stack.extend(tree.get(pid, []))
+        if cpu is not None and (used := _cpu_seconds(pid)) is not None:
+            cpu[pid] = used
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -92,13 +109,17 @@ def tree_rss(pids: list[int], by_name: dict[str, int] | None = None) -> int:
 
 
 class PeakMemory:
-    """Samples :func:`tree_rss` of some root processes in a thread; ``peak`` in bytes and
-    ``at_peak``, the per-process-name split of that peak."""
+    """Samples :func:`tree_rss` of some root processes in a thread; ``peak`` in bytes,
+    ``at_peak``, the per-process-name split of that peak, and ``cpu_seconds``, the CPU
+    time of every process of the tree (as last sampled: a process's last 0.2 s before it
+    exits are missed). CPU seconds, unlike wall time, hardly depend on what else the
+    machine runs."""
 
     def __init__(self, interval: float = 0.2) -> None:
         self.pids: list[int] = []
         self.peak = 0
         self.at_peak: dict[str, int] = {}
+        self.cpu: dict[int, float] = {}
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -107,10 +128,14 @@ class PeakMemory:
         while not self._stop.is_set():
             if self.pids:
                 split: dict[str, int] = {}
-                total = tree_rss(self.pids, split)
+                total = tree_rss(self.pids, split, self.cpu)
                 if total > self.peak:
                     self.peak, self.at_peak = total, split
             self._stop.wait(self.interval)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu.values())
 
     def __enter__(self) -> PeakMemory:
         self._thread.start()
@@ -220,6 +245,7 @@ def inprocess(n_clients: int, run_config: dict[str, Any], out: Path,
         raise RuntimeError(f"in-process run failed:\n{log[-3000:]}")
     results = sorted((out / "inprocess").glob("*/*/results.json"))[-1]
     return {"mode": "in-process", "clients": n_clients, "wall-s": round(wall, 2),
+            "cpu-s": round(mem.cpu_seconds, 1),
             "peak-rss-gib": round(mem.peak / GIB, 3), "peak-by-process-gib": _split(mem),
             **_round_times(results)}
 
@@ -270,7 +296,8 @@ def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Pat
     if proc.returncode != 0 or not results:
         raise RuntimeError(f"flwr run failed (see {out / 'flwr-run.log'}):\n{log[-3000:]}")
     return {"mode": "flwr-run", "clients": n_clients, "federation": federation,
-            "wall-s": round(wall, 2), "superlink-start-s": round(t_link, 2),
+            "wall-s": round(wall, 2), "cpu-s": round(mem.cpu_seconds, 1),
+            "superlink-start-s": round(t_link, 2),
             "peak-rss-gib": round(mem.peak / GIB, 3), "peak-by-process-gib": _split(mem),
             **_round_times(results[-1])}
 
@@ -341,9 +368,10 @@ def markdown(summary: dict[str, Any]) -> str:
         if mode in summary:
             r = summary[mode]
             rows.append(f"| {mode}, {r['clients']} clients x {len(r['round-s'])} rounds: wall "
-                        f"/ round 1 / later rounds (mean) / peak RSS (all processes) | "
-                        f"{r['wall-s']:.1f} s / {r['round-s'][0]:.2f} s / "
-                        f"{r['later-round-mean-s']:.2f} s / {r['peak-rss-gib']:.2f} GiB |")
+                        f"/ round 1 / later rounds (mean) / CPU (all processes) / peak RSS "
+                        f"(all processes) | {r['wall-s']:.1f} s / {r['round-s'][0]:.2f} s / "
+                        f"{r['later-round-mean-s']:.2f} s / {r['cpu-s']:.0f} s / "
+                        f"{r['peak-rss-gib']:.2f} GiB |")
     if "flwr-over-in-process" in summary:
         rows.append(f"| flwr run / in-process, later rounds (bar <= 1.5) | "
                     f"{summary['flwr-over-in-process']:.2f} |")

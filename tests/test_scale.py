@@ -175,6 +175,7 @@ def test_bench_scale_suite_without_ray(tmp_path, capsys):
     rounds = summary["in-process"]
     assert rounds["clients"] == 2 and len(rounds["round-s"]) == 2
     assert rounds["peak-rss-gib"] > 0.05 and rounds["replies-ok"] == [2, 2]
+    assert 0.5 < rounds["cpu-s"] < 1000  # the child's CPU time (imports alone take > 1 s)
     assert summary["streaming"]["transitions"] == 600
     assert summary["exact"]["dim"] == 32 and summary["exact"]["relative-error"] < 1e-8
     assert summary["exact"]["run-status"] == "completed"  # FedQHDExact counts its replies
