@@ -178,7 +178,7 @@ class RunConfig:
         "rest are rebuilt per message (same results)")))
     feature_dtype: str = field(default="float64", metadata=_key(_choice(FEATURE_DTYPES), (
         "numbers of a node learner's in-memory features: float64 (exact) or float32 (half "
-        "the bytes, 10x cheaper encode; readouts move about 1e-5 relative)")))
+        "the bytes, 10x cheaper encode; readouts move about 1e-7 relative)")))
     sim_window: int = field(default=32, metadata=_key(_int_range(0, 1 << 30), (
         "flwr run simulation only: messages stored at once (0: all, as Flower does); "
         "Flower's engine scans every stored message per node and poll")))
