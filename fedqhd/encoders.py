@@ -115,8 +115,10 @@ class HDEncoder(TransformerMixin, BaseEstimator):
             raise ValueError(f"dtype must be float64 or float32, got {dtype}")
         X = np.asarray(X, dtype=np.float64)
         out = np.empty((len(X), self.omega_.shape[1]), dtype=np.float32)
+        work = np.empty((min(len(X), UPCAST_ROWS), self.omega_.shape[1]))  # one block, reused
         for start in range(0, len(X), UPCAST_ROWS):
-            proj = (X[start:start + UPCAST_ROWS] / self.scale_) @ self.omega_
+            rows = X[start:start + UPCAST_ROWS]
+            proj = np.matmul(rows / self.scale_, self.omega_, out=work[:len(rows)])
             proj += self.offset_
             block = out[start:start + UPCAST_ROWS]
             block[...] = proj

@@ -423,8 +423,10 @@ def _gram32(features: np.ndarray, dual: bool) -> np.ndarray:
         wide = features.astype(np.float64)
         return wide @ wide.T
     gram = np.zeros((features.shape[1],) * 2)
+    work = np.empty((min(len(features), UPCAST_ROWS), features.shape[1]))  # one block, reused
     for i in range(0, len(features), UPCAST_ROWS):
-        block = features[i:i + UPCAST_ROWS].astype(np.float64)
+        block = work[:len(features[i:i + UPCAST_ROWS])]
+        block[...] = features[i:i + UPCAST_ROWS]
         gram += block.T @ block
     return gram
 
