@@ -79,19 +79,27 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def tree_rss(pids: list[int], by_name: dict[str, int] | None = None,
-             cpu: dict[int, float] | None = None) -> int:
-    """Summed resident memory (bytes) of ``pids`` and all their descendants; with
-    ``by_name``, also added up per process name there; with ``cpu``, each process's CPU
-    seconds so far are recorded there by pid."""
-    tree, total, seen = _children(), 0, set()
+def tree_pids(pids: list[int]) -> list[int]:
+    """``pids`` and all their descendants now, parents before children."""
+    tree, out, seen = _children(), [], set()
     stack = list(pids)
     while stack:
         pid = stack.pop()
         if pid in seen:
             continue
         seen.add(pid)
+        out.append(pid)
         stack.extend(tree.get(pid, []))
+    return out
+
+
+def tree_rss(pids: list[int], by_name: dict[str, int] | None = None,
+             cpu: dict[int, float] | None = None) -> int:
+    """Summed resident memory (bytes) of ``pids`` and all their descendants; with
+    ``by_name``, also added up per process name there; with ``cpu``, each process's CPU
+    seconds so far are recorded there by pid."""
+    total = 0
+    for pid in tree_pids(pids):
         if cpu is not None and (used := _cpu_seconds(pid)) is not None:
             cpu[pid] = used
         try:
@@ -113,10 +121,13 @@ class PeakMemory:
     ``at_peak``, the per-process-name split of that peak, and ``cpu_seconds``, the CPU
     time of every process of the tree (as last sampled: a process's last 0.2 s before it
     exits are missed). CPU seconds, unlike wall time, hardly depend on what else the
-    machine runs."""
+    machine runs. With ``limit``, a tree that goes above it is killed, every process by
+    its pid (Ray's processes are in another process group than the SuperLink's)."""
 
-    def __init__(self, interval: float = 0.2) -> None:
+    def __init__(self, interval: float = 0.2, limit: int | None = None) -> None:
         self.pids: list[int] = []
+        self.limit = limit  #: bytes; above it every process of the tree is killed by pid
+        self.exceeded = 0  #: the total that went above ``limit`` (0: never)
         self.peak = 0
         self.at_peak: dict[str, int] = {}
         self.cpu: dict[int, float] = {}
@@ -131,6 +142,13 @@ class PeakMemory:
                 total = tree_rss(self.pids, split, self.cpu)
                 if total > self.peak:
                     self.peak, self.at_peak = total, split
+                if self.limit is not None and total > self.limit and not self.exceeded:
+                    self.exceeded = total
+                    for pid in reversed(tree_pids(self.pids)):  # children first
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
             self._stop.wait(self.interval)
 
     @property
@@ -263,13 +281,15 @@ def _inprocess_child(n_clients: int, run_config: dict[str, Any]) -> None:
 def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Path,
              federation: str = "client-resources-num-cpus=1", timeout: float = 3600.0,
              extra_env: dict[str, str] | None = None,
-             profile: Path | None = None) -> dict[str, Any]:
+             profile: Path | None = None, memory_limit: int | None = None) -> dict[str, Any]:
     """The run under ``flwr run --stream`` on a private local SuperLink (Ray); with
     ``profile``, py-spy samples every process of the SuperLink's tree into that file
-    (collapsed stacks, one root frame per process)."""
+    (collapsed stacks, one root frame per process); with ``memory_limit`` (bytes), the
+    run is killed when all its processes together hold more (a RuntimeError that says
+    so; the rounds done are in the run's ``rounds.jsonl``)."""
     out.mkdir(parents=True, exist_ok=True)
     cfg = {**run_config, "output-dir": str(out / "flwr")}
-    with tempfile.TemporaryDirectory(dir=out) as home, PeakMemory() as mem:
+    with tempfile.TemporaryDirectory(dir=out) as home, PeakMemory(limit=memory_limit) as mem:
         t0 = time.perf_counter()
         # shards from the same cache as the in-process run: round 1 compares like with like
         with local_superlink(Path(home), extra_env, private_cache=False) as (env, link):
@@ -292,6 +312,10 @@ def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Pat
                     spy.wait(timeout=60)
             wall = time.perf_counter() - t0
     (out / "flwr-run.log").write_text(log)
+    if mem.exceeded:
+        raise RuntimeError(f"flwr run killed after {wall:.0f} s: its processes held "
+                           f"{mem.exceeded / GIB:.2f} GiB, above the limit of "
+                           f"{(memory_limit or 0) / GIB:.2f} GiB")
     results = sorted((out / "flwr").glob("*/*/results.json"))
     if proc.returncode != 0 or not results:
         raise RuntimeError(f"flwr run failed (see {out / 'flwr-run.log'}):\n{log[-3000:]}")

@@ -297,3 +297,23 @@ def test_the_node_index_hands_the_engine_the_messages_flowers_scan_does(monkeypa
         picked[indexed] = log
     assert picked[False] == [(0, 0), (3, 1), (5, 3), (3, 2), (0, 5), (2, 6)]
     assert picked[True] == picked[False]
+
+
+def test_a_measured_tree_above_its_memory_limit_is_killed_process_by_process():
+    """The 10,000-client run's guard: a grandchild holding the memory (not the root's
+    process group) is killed, as is the root; the peak and the excess are recorded."""
+    import subprocess
+    import time
+
+    from fedqhd.scale import PeakMemory
+
+    hog = "import numpy as np, time; x = np.ones(40_000_000); time.sleep(60)"
+    root = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
+            "start_new_session=True).wait()")
+    with PeakMemory(interval=0.05, limit=200 << 20) as mem:
+        proc = subprocess.Popen([sys.executable, "-c", root, hog])
+        mem.pids = [proc.pid]
+        start = time.monotonic()
+        proc.wait(timeout=30)
+    assert time.monotonic() - start < 20 and proc.returncode == -9
+    assert mem.exceeded > 200 << 20 and mem.peak >= mem.exceeded
