@@ -317,3 +317,22 @@ def test_a_measured_tree_above_its_memory_limit_is_killed_process_by_process():
         proc.wait(timeout=30)
     assert time.monotonic() - start < 20 and proc.returncode == -9
     assert mem.exceeded > 200 << 20 and mem.peak >= mem.exceeded
+
+
+def test_a_client_process_parses_a_run_config_once(monkeypatch):
+    from flwr.app import Context, RecordDict
+
+    from fedqhd.client import app as client_module
+
+    calls: list[int] = []
+    real = RunConfig.from_run_config
+    monkeypatch.setattr(RunConfig, "from_run_config",
+                        classmethod(lambda cls, rc: calls.append(1) or real(rc)))
+    client_module._parse.cache_clear()
+    rc = {"seed": 5, "hd-dim": 64}
+    contexts = [Context(run_id=1, node_id=i, node_config={}, state=RecordDict(),
+                        run_config=dict(rc)) for i in range(3)]
+    cfgs = [client_module.run_config(c) for c in contexts * 2]
+    assert len(calls) == 1 and all(c is cfgs[0] for c in cfgs) and cfgs[0].seed == 5
+    assert client_module.run_config(Context(run_id=1, node_id=0, node_config={},
+                                            state=RecordDict(), run_config={"seed": 6})).seed == 6
