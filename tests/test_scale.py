@@ -4,6 +4,8 @@ per ClientApp process, and ``fedqhd bench --suite scale`` at tiny sizes (no Ray)
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import types
 from pathlib import Path
@@ -308,15 +310,27 @@ def test_a_measured_tree_above_its_memory_limit_is_killed_process_by_process():
     from fedqhd.scale import PeakMemory
 
     hog = "import numpy as np, time; x = np.ones(40_000_000); time.sleep(60)"
-    root = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
-            "start_new_session=True).wait()")
+    root = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
+            "start_new_session=True); print(p.pid, flush=True); p.wait()")
     with PeakMemory(interval=0.05, limit=200 << 20) as mem:
-        proc = subprocess.Popen([sys.executable, "-c", root, hog])
+        proc = subprocess.Popen([sys.executable, "-c", root, hog], stdout=subprocess.PIPE,
+                                text=True)
         mem.pids = [proc.pid]
         start = time.monotonic()
+        assert proc.stdout is not None
+        grandchild = int(proc.stdout.readline())
         proc.wait(timeout=30)
-    assert time.monotonic() - start < 20 and proc.returncode == -9
-    assert mem.exceeded > 200 << 20 and mem.peak >= mem.exceeded
+    try:
+        assert time.monotonic() - start < 20 and proc.returncode == -9
+        assert mem.exceeded > 200 << 20 and mem.peak >= mem.exceeded
+        time.sleep(0.5)
+        state = Path(f"/proc/{grandchild}/stat")
+        assert not state.exists() or state.read_text().split(")")[1].split()[0] == "Z"
+    finally:
+        try:  # never leave the hog behind, whatever failed
+            os.kill(grandchild, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def test_a_client_process_parses_a_run_config_once(monkeypatch):
