@@ -7,7 +7,10 @@ not the shard, which is loaded already):
 
 * in memory (:meth:`~fedqhd.readout.RidgeFQI.from_states`): one feature row per
   distinct state, ``states x D`` (``states``: n plus the next states that start no
-  transition, n + episodes for shards in episode order; 2 n when unknown), each
+  transition, n + episodes for shards in episode order; 2 n when unknown; 4 bytes a
+  number with ``feature-dtype = float32``, plus the float64 block the arithmetic turns
+  them into, ``min(n, max(UPCAST_ROWS, D)) x D``: a chunk of rows, or a whole action's
+  rows when the dual Gram needs them), each
   action's Gram and its Cholesky factor, ``2 x |A| x min(n, D)^2``, rewards,
   continues, row and next-row indices, ``4 x n``, and the raw states the encoder
   reads (gathered float32, then two float64 copies), ``states x 20 obs_dim`` bytes;
@@ -34,6 +37,9 @@ GIB = 1 << 30
 IN_MEMORY_COPIES = 2
 #: chunk x D arrays the streaming fit holds at its peak
 CHUNK_COPIES = 5
+#: rows of float32 features (``feature-dtype``) the encoder projects, and the fit turns into
+#: float64, at a time (:func:`fedqhd.readout.features_times`, :meth:`HDEncoder.encode`)
+UPCAST_ROWS = 2048
 
 
 class FitMemoryError(MemoryError):
@@ -41,16 +47,20 @@ class FitMemoryError(MemoryError):
 
 
 def fit_memory(n: int, dim: int, n_actions: int, streaming: bool, chunk_size: int = 4096,
-               obs_dim: int = 0, states: int | None = None) -> int:
+               obs_dim: int = 0, states: int | None = None, feature_bytes: int = 8) -> int:
     """Bytes the fit of ``n`` transitions with ``dim`` features needs (module docstring);
     ``states``: distinct states (:func:`fedqhd.readout.distinct_state_count`), default
-    the worst case ``2 n``."""
+    the worst case ``2 n``; ``feature_bytes``: 4 for float32 in-memory features (the
+    streamed fit keeps none)."""
     n, dim, k = int(n), int(dim), int(n_actions)
     rows = IN_MEMORY_COPIES * n if states is None else int(states)
     if streaming:
         return (8 * (2 * k * dim * dim + CHUNK_COPIES * min(chunk_size, max(n, 1)) * dim)
                 + n * (8 * int(obs_dim) + 24))
-    return 8 * (rows * dim + 2 * k * min(n, dim) ** 2 + 4 * n) + rows * 20 * int(obs_dim)
+    features = rows * dim * int(feature_bytes)
+    if feature_bytes != 8:  # float32: the float64 block the arithmetic works on
+        features += 8 * min(n, max(UPCAST_ROWS, dim)) * dim
+    return features + 8 * (2 * k * min(n, dim) ** 2 + 4 * n) + rows * 20 * int(obs_dim)
 
 
 def available_memory() -> int | None:

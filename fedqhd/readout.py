@@ -27,6 +27,8 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 from scipy.linalg.blas import dsymv, dsyrk
 
+from fedqhd.memory import UPCAST_ROWS
+
 # the numpy-only parts, which the strategies share (fedqhd.gram), re-exported here
 from .gram import GramSystems as GramSystems
 from .gram import pooled_value_range as pooled_value_range
@@ -36,12 +38,41 @@ from .gram import value_range as value_range
 RangeArg = str | tuple[float, float] | None
 
 
+def features_times(features: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``features @ x`` in float64 arithmetic. float64 features: the plain product;
+    float32 ones (``feature-dtype``) are turned into float64 ``UPCAST_ROWS`` rows at a time,
+    so the stored features are the only thing rounded and no float64 copy of the whole
+    table is ever made (numpy's own promotion would make one per product)."""
+    if features.dtype == np.float64:
+        return features @ x
+    parts = [features[i:i + UPCAST_ROWS].astype(np.float64) @ x
+             for i in range(0, len(features), UPCAST_ROWS)]
+    return np.concatenate(parts) if parts else np.zeros((0,) + x.shape[1:])
+
+
+def features_t_times(features: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``features.T @ y`` in float64 arithmetic (as :func:`features_times`)."""
+    if features.dtype == np.float64:
+        return features.T @ y
+    out = np.zeros((features.shape[1],) + y.shape[1:])
+    for i in range(0, len(features), UPCAST_ROWS):
+        out += features[i:i + UPCAST_ROWS].astype(np.float64).T @ y[i:i + UPCAST_ROWS]
+    return out
+
+
+def _as_features(features: np.ndarray) -> np.ndarray:
+    """A feature table kept as it is when float32 (``feature-dtype``), else float64."""
+    features = np.asarray(features)
+    return features if features.dtype == np.float32 else features.astype(np.float64, copy=False)
+
+
 class RidgeSystem:
     """A factored ridge system for one design matrix ``Phi`` (n x D).
 
     Parameters
     ----------
     features : ndarray of shape (n, D)
+        float64, or float32 (kept as it is; the Gram, factor and products are float64).
     ridge : float
         L2 penalty toward zero (> 0 unless ``proximal`` > 0).
     proximal : float
@@ -52,7 +83,7 @@ class RidgeSystem:
         if ridge < 0 or proximal < 0 or ridge + proximal <= 0:
             raise ValueError(f"need ridge >= 0, proximal >= 0, ridge + proximal > 0; "
                              f"got ridge={ridge}, proximal={proximal}")
-        self.features = np.asarray(features, dtype=np.float64)
+        self.features = _as_features(features)
         self.ridge = float(ridge)
         self.proximal = float(proximal)
         n, dim = self.features.shape
@@ -61,6 +92,8 @@ class RidgeSystem:
         c = self.ridge + self.proximal
         if n == 0:
             self._factor = None
+        elif self.features.dtype == np.float32:
+            gram = _gram32(self.features, self.dual)
         elif self.dual:
             gram = self.features @ self.features.T
         else:
@@ -85,10 +118,10 @@ class RidgeSystem:
         if self._factor is None:
             return shrunk_prior
         if self.dual:
-            residual = y - self.features @ shrunk_prior
-            return shrunk_prior + self.features.T @ cho_solve(self._factor, residual,
-                                                              check_finite=False)
-        rhs = self.features.T @ y + c * shrunk_prior
+            residual = y - features_times(self.features, shrunk_prior)
+            return shrunk_prior + features_t_times(
+                self.features, cho_solve(self._factor, residual, check_finite=False))
+        rhs = features_t_times(self.features, y) + c * shrunk_prior
         return cho_solve(self._factor, rhs, check_finite=False)
 
 
@@ -213,7 +246,7 @@ class RidgeFQI:
                 np.concatenate(self._rows)], np.asarray(next_features, dtype=np.float64)])
             self._next_start, self._next_rows = n, np.arange(n)
         else:  # one table (see from_states): next states are rows of it
-            self._table = np.asarray(features, dtype=np.float64)
+            self._table = _as_features(features)
             self._next_start, self._next_rows = 0, np.asarray(next_rows, dtype=np.int64)
         self.dim = self._table.shape[1]
         # each action's states are a contiguous block of the table: views, not copies
@@ -249,7 +282,7 @@ class RidgeFQI:
     def targets(self, readout: np.ndarray, q_range: RangeArg = "fitted") -> np.ndarray:
         """Bellman targets of every transition under ``readout``, kept in ``q_range``
         (default ``"fitted"``: this fit's ``q_range_``; a pair or ``None`` overrides it)."""
-        q_next = self._table[self._next_start:] @ readout
+        q_next = features_times(self._table[self._next_start:], readout)
         best_next = q_next.max(axis=1)[self._next_rows]
         q = self.q_range_ if isinstance(q_range, str) else q_range
         return bellman_targets(self.rewards, self.continues, best_next, self.gamma, q)
@@ -262,7 +295,8 @@ class RidgeFQI:
     def rhs(self, readout: np.ndarray, q_range: RangeArg = "fitted") -> np.ndarray:
         """``[Phi_a^T y_a]_a`` (D, |A|) for the Bellman targets under ``readout``."""
         y = self.targets(readout, q_range)
-        return np.stack([system.features.T @ y[rows] if len(rows) else np.zeros(self.dim)
+        return np.stack([features_t_times(system.features, y[rows]) if len(rows)
+                         else np.zeros(self.dim)
                          for rows, system in zip(self._rows, self._systems, strict=True)],
                         axis=1)
 
@@ -305,7 +339,7 @@ class RidgeFQI:
     def bellman_residual(self, readout: np.ndarray, targets: np.ndarray) -> float:
         """Root-mean-square of ``Q(s, a) - target`` over the transitions."""
         err = np.concatenate([
-            system.features @ readout[:, a] - targets[rows]
+            features_times(system.features, readout[:, a]) - targets[rows]
             for a, (rows, system) in enumerate(zip(self._rows, self._systems, strict=True))
         ])
         return float(np.sqrt(np.mean(err**2))) if err.size else 0.0
@@ -376,7 +410,25 @@ def greedy_actions(features: np.ndarray, readout: np.ndarray) -> np.ndarray:
 
 # ------------------------------------------------------------ sufficient statistics
 def _gram(features: np.ndarray) -> np.ndarray:
+    if features.dtype == np.float32:
+        return _gram32(features, dual=False)
     return features.T @ features
+
+
+def _gram32(features: np.ndarray, dual: bool) -> np.ndarray:
+    """The float64 Gram of float32 features: ``F F^T`` (dual: fewer rows than columns, one
+    float64 copy of at most D x D numbers) or ``F^T F``, summed over ``UPCAST_ROWS``-row
+    blocks (no float64 copy of the table)."""
+    if dual:
+        wide = features.astype(np.float64)
+        return wide @ wide.T
+    gram = np.zeros((features.shape[1],) * 2)
+    work = np.empty((min(len(features), UPCAST_ROWS), features.shape[1]))  # one block, reused
+    for i in range(0, len(features), UPCAST_ROWS):
+        block = work[:len(features[i:i + UPCAST_ROWS])]
+        block[...] = features[i:i + UPCAST_ROWS]
+        gram += block.T @ block
+    return gram
 
 
 def _extremes(rewards: np.ndarray) -> np.ndarray:

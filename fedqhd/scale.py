@@ -2,9 +2,10 @@
 
 Both measurements run in child processes and are measured the same way: wall time,
 per-round times from the run's ``results.json`` (its ``wall-time-s`` column, counted
-from the ServerApp's start, so Ray's start-up falls before round 1 or into it) and the
+from the ServerApp's start, so Ray's start-up falls before round 1 or into it), the
 peak of the summed resident memory of the whole process tree (SuperLink, simulation
-process, Ray and its workers), sampled every 0.2 s from ``/proc``.
+process, Ray and its workers), sampled every 0.2 s from ``/proc``, and the CPU seconds
+of that tree (the measure that survives a shared machine).
 
 ``flwr run`` gets a private SuperLink on free ports and a private ``FLWR_HOME`` (the
 command ``flwr run`` itself would start for ``:local:``), stopped with everything it
@@ -66,17 +67,41 @@ def _name(pid: int) -> str:
     return Path(pick).name
 
 
-def tree_rss(pids: list[int], by_name: dict[str, int] | None = None) -> int:
-    """Summed resident memory (bytes) of ``pids`` and all their descendants; with
-    ``by_name``, also added up per process name there."""
-    tree, total, seen = _children(), 0, set()
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds ``pid`` has used so far (``None``: gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def tree_pids(pids: list[int]) -> list[int]:
+    """``pids`` and all their descendants now, parents before children."""
+    tree, out, seen = _children(), [], set()
     stack = list(pids)
     while stack:
         pid = stack.pop()
         if pid in seen:
             continue
         seen.add(pid)
+        out.append(pid)
         stack.extend(tree.get(pid, []))
+    return out
+
+
+def tree_rss(pids: list[int], by_name: dict[str, int] | None = None,
+             cpu: dict[int, float] | None = None) -> int:
+    """Summed resident memory (bytes) of ``pids`` and all their descendants; with
+    ``by_name``, also added up per process name there; with ``cpu``, each process's CPU
+    seconds so far are recorded there by pid."""
+    total = 0
+    for pid in tree_pids(pids):
+        if cpu is not None and (used := _cpu_seconds(pid)) is not None:
+            cpu[pid] = used
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -92,13 +117,20 @@ def tree_rss(pids: list[int], by_name: dict[str, int] | None = None) -> int:
 
 
 class PeakMemory:
-    """Samples :func:`tree_rss` of some root processes in a thread; ``peak`` in bytes and
-    ``at_peak``, the per-process-name split of that peak."""
+    """Samples :func:`tree_rss` of some root processes in a thread; ``peak`` in bytes,
+    ``at_peak``, the per-process-name split of that peak, and ``cpu_seconds``, the CPU
+    time of every process of the tree (as last sampled: a process's last 0.2 s before it
+    exits are missed). CPU seconds, unlike wall time, hardly depend on what else the
+    machine runs. With ``limit``, a tree that goes above it is killed, every process by
+    its pid (Ray's processes are in another process group than the SuperLink's)."""
 
-    def __init__(self, interval: float = 0.2) -> None:
+    def __init__(self, interval: float = 0.2, limit: int | None = None) -> None:
         self.pids: list[int] = []
+        self.limit = limit  #: bytes; above it every process of the tree is killed by pid
+        self.exceeded = 0  #: the total that went above ``limit`` (0: never)
         self.peak = 0
         self.at_peak: dict[str, int] = {}
+        self.cpu: dict[int, float] = {}
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -107,10 +139,21 @@ class PeakMemory:
         while not self._stop.is_set():
             if self.pids:
                 split: dict[str, int] = {}
-                total = tree_rss(self.pids, split)
+                total = tree_rss(self.pids, split, self.cpu)
                 if total > self.peak:
                     self.peak, self.at_peak = total, split
+                if self.limit is not None and total > self.limit and not self.exceeded:
+                    self.exceeded = total
+                    for pid in reversed(tree_pids(self.pids)):  # children first
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
             self._stop.wait(self.interval)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu.values())
 
     def __enter__(self) -> PeakMemory:
         self._thread.start()
@@ -220,6 +263,7 @@ def inprocess(n_clients: int, run_config: dict[str, Any], out: Path,
         raise RuntimeError(f"in-process run failed:\n{log[-3000:]}")
     results = sorted((out / "inprocess").glob("*/*/results.json"))[-1]
     return {"mode": "in-process", "clients": n_clients, "wall-s": round(wall, 2),
+            "cpu-s": round(mem.cpu_seconds, 1),
             "peak-rss-gib": round(mem.peak / GIB, 3), "peak-by-process-gib": _split(mem),
             **_round_times(results)}
 
@@ -237,13 +281,15 @@ def _inprocess_child(n_clients: int, run_config: dict[str, Any]) -> None:
 def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Path,
              federation: str = "client-resources-num-cpus=1", timeout: float = 3600.0,
              extra_env: dict[str, str] | None = None,
-             profile: Path | None = None) -> dict[str, Any]:
+             profile: Path | None = None, memory_limit: int | None = None) -> dict[str, Any]:
     """The run under ``flwr run --stream`` on a private local SuperLink (Ray); with
     ``profile``, py-spy samples every process of the SuperLink's tree into that file
-    (collapsed stacks, one root frame per process)."""
+    (collapsed stacks, one root frame per process); with ``memory_limit`` (bytes), the
+    run is killed when all its processes together hold more (a RuntimeError that says
+    so; the rounds done are in the run's ``rounds.jsonl``)."""
     out.mkdir(parents=True, exist_ok=True)
     cfg = {**run_config, "output-dir": str(out / "flwr")}
-    with tempfile.TemporaryDirectory(dir=out) as home, PeakMemory() as mem:
+    with tempfile.TemporaryDirectory(dir=out) as home, PeakMemory(limit=memory_limit) as mem:
         t0 = time.perf_counter()
         # shards from the same cache as the in-process run: round 1 compares like with like
         with local_superlink(Path(home), extra_env, private_cache=False) as (env, link):
@@ -266,11 +312,16 @@ def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Pat
                     spy.wait(timeout=60)
             wall = time.perf_counter() - t0
     (out / "flwr-run.log").write_text(log)
+    if mem.exceeded:
+        raise RuntimeError(f"flwr run killed after {wall:.0f} s: its processes held "
+                           f"{mem.exceeded / GIB:.2f} GiB, above the limit of "
+                           f"{(memory_limit or 0) / GIB:.2f} GiB")
     results = sorted((out / "flwr").glob("*/*/results.json"))
     if proc.returncode != 0 or not results:
         raise RuntimeError(f"flwr run failed (see {out / 'flwr-run.log'}):\n{log[-3000:]}")
     return {"mode": "flwr-run", "clients": n_clients, "federation": federation,
-            "wall-s": round(wall, 2), "superlink-start-s": round(t_link, 2),
+            "wall-s": round(wall, 2), "cpu-s": round(mem.cpu_seconds, 1),
+            "superlink-start-s": round(t_link, 2),
             "peak-rss-gib": round(mem.peak / GIB, 3), "peak-by-process-gib": _split(mem),
             **_round_times(results[-1])}
 
@@ -341,9 +392,10 @@ def markdown(summary: dict[str, Any]) -> str:
         if mode in summary:
             r = summary[mode]
             rows.append(f"| {mode}, {r['clients']} clients x {len(r['round-s'])} rounds: wall "
-                        f"/ round 1 / later rounds (mean) / peak RSS (all processes) | "
-                        f"{r['wall-s']:.1f} s / {r['round-s'][0]:.2f} s / "
-                        f"{r['later-round-mean-s']:.2f} s / {r['peak-rss-gib']:.2f} GiB |")
+                        f"/ round 1 / later rounds (mean) / CPU (all processes) / peak RSS "
+                        f"(all processes) | {r['wall-s']:.1f} s / {r['round-s'][0]:.2f} s / "
+                        f"{r['later-round-mean-s']:.2f} s / {r['cpu-s']:.0f} s / "
+                        f"{r['peak-rss-gib']:.2f} GiB |")
     if "flwr-over-in-process" in summary:
         rows.append(f"| flwr run / in-process, later rounds (bar <= 1.5) | "
                     f"{summary['flwr-over-in-process']:.2f} |")

@@ -16,6 +16,9 @@ from typing import Any
 from flwr.common.logger import log
 
 _LIMITER: dict[str, Any] = {}  #: the process-wide limit, applied once (kept alive)
+#: threadpoolctl's view of the loaded libraries, found once: finding them scans the
+#: process's memory maps (3.4 ms), asking each its thread count is microseconds
+_POOLS: dict[str, Any] = {}
 
 
 def ray_cpus() -> int | None:
@@ -31,10 +34,15 @@ def ray_cpus() -> int | None:
 
 
 def blas_threads() -> int:
-    """Threads of this process's BLAS pools now (the largest, if several are loaded)."""
-    from threadpoolctl import threadpool_info
+    """Threads of this process's BLAS pools now (the largest, if several are loaded).
 
-    counts = [int(p["num_threads"]) for p in threadpool_info() if p.get("user_api") == "blas"]
+    Called for every ClientApp message: the libraries are looked up once per process
+    (numpy and scipy load theirs at import, before any message), their counts each call."""
+    if "blas" not in _POOLS:
+        from threadpoolctl import ThreadpoolController
+
+        _POOLS["blas"] = ThreadpoolController().select(user_api="blas")
+    counts = [int(p["num_threads"]) for p in _POOLS["blas"].info()]
     return max(counts, default=1)
 
 

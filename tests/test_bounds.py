@@ -279,9 +279,10 @@ def test_the_issues_shard_streams_automatically_and_a_too_large_fit_is_refused(m
         FQILearner(shard, encoder, 2)
 
 
-@pytest.mark.parametrize("n,dim,streaming", [(3000, 300, False), (300, 1000, False),
-                                             (6000, 150, True), (300, 1000, True)])
-def test_the_estimate_bounds_what_the_fit_allocates(n, dim, streaming):
+@pytest.mark.parametrize("n,dim,streaming,dtype", [
+    (3000, 300, False, "float64"), (300, 1000, False, "float64"), (6000, 150, True, "float64"),
+    (300, 1000, True, "float64"), (5000, 300, False, "float32"), (300, 1000, False, "float32")])
+def test_the_estimate_bounds_what_the_fit_allocates(n, dim, streaming, dtype):
     # the estimate is what refusals rest on: it must cover the real peak without being loose
     # (mutation checked: the learner encoding states and next states separately, the old
     # two-matrix RidgeFQI, puts the in-memory peak above the estimate)
@@ -289,12 +290,14 @@ def test_the_estimate_bounds_what_the_fit_allocates(n, dim, streaming):
     encoder = shared_encoder_params(0, dim, 1.0).build(get_spec("CartPole-v1").obs_bound)
     tracemalloc.start()
     try:
-        FQILearner(shard, encoder, 2, streaming=streaming, memory_cap=1 << 40).train(1)
+        FQILearner(shard, encoder, 2, streaming=streaming, memory_cap=1 << 40,
+                   feature_dtype=dtype).train(1)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     estimate = fit_memory(n, dim, 2, streaming=streaming, obs_dim=4,
-                          states=distinct_state_count(shard.observations, shard.next_observations))
+                          states=distinct_state_count(shard.observations, shard.next_observations),
+                          feature_bytes=8 if dtype == "float64" else 4)
     assert 0.4 * estimate < peak <= estimate
 
 

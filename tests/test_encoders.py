@@ -57,3 +57,18 @@ def test_passes_scikit_learn_estimator_checks():
     results = check_estimator(HDEncoder(n_components=50, random_state=0), on_fail=None)
     failed = [r["check_name"] for r in results if r["status"] == "failed"]
     assert len(results) > 30 and not failed, failed
+
+
+def test_float32_features_round_each_feature_and_chunking_changes_nothing(monkeypatch):
+    # feature-dtype = float32: each feature within 1e-6 of its amplitude sqrt(2/D) of the
+    # float64 one (the docstring's claim; 5.1e-7 measured), whatever the block size
+    X = np.random.default_rng(2).uniform(-1, 1, size=(3000, 4)) * SCALE
+    enc = HDEncoder(500, 1.0, SCALE, random_state=0).fit(X[:1])
+    wide, narrow = enc.encode(X), enc.encode(X, np.float32)
+    assert narrow.dtype == np.float32 and narrow.shape == wide.shape
+    error = np.abs(narrow - wide).max() / np.sqrt(2.0 / 500)
+    assert 1e-8 < error < 1e-6  # rounded, not the float64 numbers
+    monkeypatch.setattr("fedqhd.encoders.UPCAST_ROWS", 7)  # many blocks, a ragged last one
+    np.testing.assert_array_equal(enc.encode(X, np.float32), narrow)
+    with pytest.raises(ValueError, match="float64 or float32"):
+        enc.encode(X, np.float16)

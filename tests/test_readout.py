@@ -170,3 +170,32 @@ def test_fqi_from_states_encodes_each_state_once_and_equals_the_two_matrix_fit(o
         assert states == n + episodes  # one extra row per episode's last next state
     else:  # (a shuffled row may still follow its predecessor by chance)
         assert states >= 2 * n - 3
+
+
+@pytest.mark.parametrize("dim", [256, 16])  # dual systems (n_a < D) and primal ones (n_a > D)
+def test_float32_features_are_the_only_thing_rounded(dim, monkeypatch):
+    """feature-dtype = float32: the table is kept in float32 (half the bytes) and every
+    Gram, factor and product is float64 arithmetic on those numbers, so the fit equals a
+    float64 fit of the same rounded features to 1e-12, also when the float64 blocks are
+    small (many of them, a ragged last one)."""
+    from fedqhd.learners.cache import array_bytes
+
+    monkeypatch.setattr("fedqhd.readout.UPCAST_ROWS", 7)
+    shard = client_shard("CartPole-v1", "iid", 0, 2, 4, seed=3)
+    encoder = shared_encoder_params(3, dim, 1.0).build(get_spec("CartPole-v1").obs_bound)
+    args = (shard.observations, shard.actions, shard.rewards, shard.next_observations,
+            shard.terminated, 2)
+    kwargs = dict(gamma=0.99, ridge=0.1, proximal=0.5)
+    narrow = RidgeFQI.from_states(lambda s: encoder.encode(s, np.float32), *args, **kwargs)
+    rounded = RidgeFQI.from_states(
+        lambda s: encoder.encode(s, np.float32).astype(np.float64), *args, **kwargs)
+    assert narrow._table.dtype == np.float32
+    assert array_bytes(rounded) - array_bytes(narrow) == rounded._table.size * 4
+    assert [s.dual for s in narrow._systems] == [dim == 256] * 2
+    w = np.random.default_rng(1).normal(size=(dim, 2))
+    np.testing.assert_allclose(narrow.grams(), rounded.grams(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(narrow.rhs(w), rounded.rhs(w), rtol=0, atol=1e-12)
+    narrow.fit(20, init=w)
+    rounded.fit(20, init=w)
+    assert np.abs(rounded.readout_).max() > 1.0  # a real fit, not zeros
+    np.testing.assert_allclose(narrow.readout_, rounded.readout_, rtol=0, atol=1e-12)

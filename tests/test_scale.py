@@ -4,6 +4,8 @@ per ClientApp process, and ``fedqhd bench --suite scale`` at tiny sizes (no Ray)
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import types
 from pathlib import Path
@@ -78,15 +80,16 @@ def test_only_flowers_simulation_grid_is_windowed():
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
     sim = InMemoryGrid.__new__(InMemoryGrid)
-    assert isinstance(for_simulation(sim, 8), WindowedGrid)
-    assert for_simulation(sim, 0) is sim  # sim-window = 0: Flower's own behaviour
+    assert isinstance(for_simulation(sim, 8, index=False), WindowedGrid)
+    assert for_simulation(sim, 0, index=False) is sim  # sim-window = 0: Flower's own
     plain = InProcessGrid([client_app])
     assert for_simulation(plain, 8) is plain
 
 
 def _run(tmp_path: Path, name: str, grid_wrap=lambda g: g, **changes) -> np.ndarray:
-    cfg = RunConfig(hd_dim=64, num_server_rounds=3, eval_episodes=1, episodes_per_client=2,
-                    output_dir=str(tmp_path / name), **changes)
+    settings = dict(hd_dim=64, num_server_rounds=3, eval_episodes=1, episodes_per_client=2,
+                    output_dir=str(tmp_path / name))
+    cfg = RunConfig(**{**settings, **changes})
     grid = InProcessGrid([client_app] * 3, run_config=cfg.to_run_config())
     _, out_dir = run_federation(grid_wrap(grid), cfg)
     return np.load(out_dir / "final_model.npz")["readout"]
@@ -110,7 +113,7 @@ def test_window_and_an_empty_learner_cache_leave_the_results_unchanged(tmp_path)
     assert (fqi._NODE_LEARNERS.builds, fqi._NODE_LEARNERS.hits) == (3, 3 * 2)
 
 
-def test_bounded_cache_admits_while_it_fits_and_drops_stale_entries():
+def test_bounded_cache_admits_while_it_fits_and_drops_other_generations():
     cache: BoundedCache[np.ndarray] = BoundedCache(budget=2 * 800)
     built: list[str] = []
 
@@ -122,10 +125,13 @@ def test_bounded_cache_admits_while_it_fits_and_drops_stale_entries():
             cache.get(key, build(key))
     assert built == ["a", "b", "c", "c", "c"] and set(cache.entries) == {"a", "b"}
     assert cache.hits == 4 and cache.used == 1600
-    cache.get("d", build("d"), stale=lambda k: k == "a")  # "a" is stale: "d" fits
-    assert set(cache.entries) == {"b", "d"}
+    cache.get("a", build("a"), generation="run 2")  # another run: all dropped, "a" rebuilt
+    cache.get("d", build("d"), generation="run 2")
+    assert set(cache.entries) == {"a", "d"} and built[-2:] == ["a", "d"]
+    cache.get("a", build("a"), generation="run 2")
+    assert cache.hits == 5 and cache.used == 1600
     cache.resize(800)
-    assert set(cache.entries) == {"b"} and cache.used == 800
+    assert set(cache.entries) == {"a"} and cache.used == 800
 
 
 def test_array_bytes_counts_each_buffer_once():
@@ -171,9 +177,176 @@ def test_bench_scale_suite_without_ray(tmp_path, capsys):
     rounds = summary["in-process"]
     assert rounds["clients"] == 2 and len(rounds["round-s"]) == 2
     assert rounds["peak-rss-gib"] > 0.05 and rounds["replies-ok"] == [2, 2]
+    assert 0.5 < rounds["cpu-s"] < 1000  # the child's CPU time (imports alone take > 1 s)
     assert summary["streaming"]["transitions"] == 600
     assert summary["exact"]["dim"] == 32 and summary["exact"]["relative-error"] < 1e-8
     assert summary["exact"]["run-status"] == "completed"  # FedQHDExact counts its replies
     assert 0 < summary["blas"]["gram-syrk-fraction"] and summary["blas"]["dim"] == 64
     printed = capsys.readouterr().out
     assert "FedQHDExact vs centralised ridge FQI" in printed and "scale.json" in printed
+
+
+def test_a_rebuilt_learner_reuses_its_loaded_shard(tmp_path, monkeypatch):
+    """Learners beyond the budget are rebuilt per message from the shard kept in memory
+    (loaded and validated once per node and process), with the same results; the shared
+    encoder is built once per process."""
+    loads: list[int] = []
+    real = fqi.client_shard
+
+    def counting(*args, **kwargs):
+        loads.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fqi, "client_shard", counting)
+    fqi._NODE_LEARNERS.resize(0)
+    fqi._NODE_LEARNERS.builds = 0
+    # D = 2000, 2 episodes: a learner is about 0.8 MB, so 1 MiB keeps one of the 3
+    reference = _run(tmp_path, "ref", hd_dim=2000, learner_cache_mib=1024)
+    assert sorted(loads) == [0, 1, 2] and fqi._NODE_LEARNERS.builds == 3
+    loads.clear()
+    fqi._NODE_LEARNERS.builds = 0
+    small = _run(tmp_path, "small", hd_dim=2000, learner_cache_mib=1)
+    assert len(fqi._NODE_LEARNERS.entries) == 1 and fqi._NODE_LEARNERS.builds == 1 + 2 * 3
+    assert sorted(loads) == [0, 1, 2]  # every node's shard read once in 3 rounds
+    np.testing.assert_array_equal(small, reference)
+    cfg = RunConfig()
+    assert fqi.shared_encoder(cfg) is fqi.shared_encoder(cfg.replace(num_server_rounds=9))
+
+
+def test_float32_features_halve_a_learner_and_move_the_readout_little(tmp_path):
+    """feature-dtype = float32: a node's cached learner takes about half the bytes, and
+    the federation's final readout moves by a small relative amount (the bound stated in
+    README and BENCHMARKS.md for these settings)."""
+    fqi._NODE_LEARNERS.resize(0)
+    reference = _run(tmp_path, "f64", hd_dim=500)
+    wide = sum(size for _, size in fqi._NODE_LEARNERS.entries.values())
+    narrow_readout = _run(tmp_path, "f32", hd_dim=500, feature_dtype="float32")
+    narrow = sum(size for _, size in fqi._NODE_LEARNERS.entries.values())
+    (learner, _), _ = next(iter(fqi._NODE_LEARNERS.entries.values()))
+    assert learner.fqi._table.dtype == np.float32
+    assert 0.45 < narrow / wide < 0.6
+    moved = np.linalg.norm(narrow_readout - reference) / np.linalg.norm(reference)
+    print("relative readout difference", moved)
+    assert 0 < moved < 1e-5
+
+
+def _simulation_state(nodes: int, indexed: bool):
+    """Flower's simulation link state and grid as ``flwr-simulation`` builds them."""
+    from flwr.proto.task_pb2 import Task  # pylint: disable=E0611
+    from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.grid import InMemoryGrid
+
+    from fedqhd.server.simindex import index_messages
+
+    factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(),
+                               ObjectStoreFactory())
+    state = factory.state()
+    run = Run.create_empty(run_id=7)
+    run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
+    state.run_ids[7] = RunRecord(run=run)
+    state.task_store[1] = Task(task_id=1, run_id=7)
+    mapping = _register_nodes(num_nodes=nodes, state_factory=factory)
+    grid = InMemoryGrid(state_factory=factory)
+    grid.set_run(run)
+    if indexed:
+        assert index_messages(state) and index_messages(state)  # idempotent
+    return state, grid, list(mapping)
+
+
+def test_the_node_index_hands_the_engine_the_messages_flowers_scan_does(monkeypatch):
+    """The engine's poll (get_message_ins per node, limit 1) picks the same messages in
+    the same order, marks them delivered, and drops expired ones, with or without the
+    per-node index; pushes after a poll and deleted messages are seen the same way."""
+    import time
+
+    from flwr.app import Message, MetricRecord, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 7), ("_node_id", 1), ("_task_id", 1)):  # 1: SuperLink
+        monkeypatch.setattr(TaskIdentity, name, value)  # Messages need the ServerApp's
+    picked = {}
+    for indexed in (False, True):
+        state, grid, nodes = _simulation_state(6, indexed)
+        log = []
+
+        def push(dsts, ttl=None, grid=grid, nodes=nodes):
+            msgs = [Message(RecordDict({"m": MetricRecord({"k": k})}), nodes[d], "train",
+                            ttl=ttl) for d, k in dsts]
+            return list(grid.push_messages(msgs))
+
+        def poll(state=state, nodes=nodes, log=log):
+            for node in nodes:  # as add_messages_to_queue does, every 0.1 s
+                for msg in state.get_message_ins(node_id=node, limit=1):
+                    assert msg.metadata.delivered_at != ""
+                    log.append((nodes.index(node), msg.content["m"]["k"]))
+
+        ids = push([(0, 0), (3, 1), (3, 2), (5, 3)])
+        push([(1, 4)], ttl=0.05)  # expires before the poll
+        time.sleep(0.1)
+        poll()
+        poll()  # node 3's second message
+        state.delete_messages(set(ids[:2]))  # replies pulled
+        push([(0, 5), (2, 6)])
+        poll()
+        poll()  # nothing left undelivered
+        assert not any(m.content["m"]["k"] == 4 for m in state.message_ins_store.values())
+        picked[indexed] = log
+    assert picked[False] == [(0, 0), (3, 1), (5, 3), (3, 2), (0, 5), (2, 6)]
+    assert picked[True] == picked[False]
+
+
+def test_a_measured_tree_above_its_memory_limit_is_killed_process_by_process():
+    """The 10,000-client run's guard: a grandchild holding the memory (not the root's
+    process group) is killed, as is the root; the peak and the excess are recorded."""
+    import subprocess
+    import time
+
+    from fedqhd.scale import PeakMemory
+
+    hog = "import numpy as np, time; x = np.ones(40_000_000); time.sleep(60)"
+    root = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
+            "start_new_session=True); print(p.pid, flush=True); p.wait()")
+    with PeakMemory(interval=0.05, limit=200 << 20) as mem:
+        proc = subprocess.Popen([sys.executable, "-c", root, hog], stdout=subprocess.PIPE,
+                                text=True)
+        mem.pids = [proc.pid]
+        start = time.monotonic()
+        assert proc.stdout is not None
+        grandchild = int(proc.stdout.readline())
+        proc.wait(timeout=30)
+    try:
+        assert time.monotonic() - start < 20 and proc.returncode == -9
+        assert mem.exceeded > 200 << 20 and mem.peak >= mem.exceeded
+        time.sleep(0.5)
+        state = Path(f"/proc/{grandchild}/stat")
+        assert not state.exists() or state.read_text().split(")")[1].split()[0] == "Z"
+    finally:
+        try:  # never leave the hog behind, whatever failed
+            os.kill(grandchild, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_a_client_process_parses_a_run_config_once(monkeypatch):
+    from flwr.app import Context, RecordDict
+
+    from fedqhd.client import app as client_module
+
+    calls: list[int] = []
+    real = RunConfig.from_run_config
+    monkeypatch.setattr(RunConfig, "from_run_config",
+                        classmethod(lambda cls, rc: calls.append(1) or real(rc)))
+    client_module._parse.cache_clear()
+    rc = {"seed": 5, "hd-dim": 64}
+    contexts = [Context(run_id=1, node_id=i, node_config={}, state=RecordDict(),
+                        run_config=dict(rc)) for i in range(3)]
+    cfgs = [client_module.run_config(c) for c in contexts * 2]
+    assert len(calls) == 1 and all(c is cfgs[0] for c in cfgs) and cfgs[0].seed == 5
+    assert client_module.run_config(Context(run_id=1, node_id=0, node_config={},
+                                            state=RecordDict(), run_config={"seed": 6})).seed == 6

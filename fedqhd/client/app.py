@@ -12,6 +12,9 @@ it (:mod:`fedqhd.threads`); every train reply reports them (``blas-threads``).
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -22,6 +25,21 @@ from fedqhd.strategies import contract as C
 from fedqhd.threads import limit_client_threads
 
 app = ClientApp()
+
+
+@functools.lru_cache(maxsize=4)
+def _parse(items: tuple[tuple[str, Any], ...]) -> RunConfig:
+    return RunConfig.from_run_config(dict(items))
+
+
+def run_config(context: Context) -> RunConfig:
+    """The node's run config, parsed once per process and config: a Ray actor handles
+    thousands of messages of one run, and parsing (every key checked) took about 1 ms
+    of each. RunConfig is frozen, so the one object is shared safely."""
+    try:
+        return _parse(tuple(sorted(context.run_config.items())))
+    except TypeError:  # an unhashable value: parse it as it is
+        return RunConfig.from_run_config(context.run_config)
 
 
 def _arrays(msg: Message) -> dict[str, np.ndarray]:
@@ -43,7 +61,7 @@ def _reply(msg: Message, arrays: dict[str, np.ndarray] | None,
 def train(msg: Message, context: Context) -> Message:
     """The learner's local step on the global model; reply its arrays and metrics."""
     threads = limit_client_threads()  # first message of a Ray actor: its CPUs, not the host's
-    cfg = RunConfig.from_run_config(context.run_config)
+    cfg = run_config(context)
     arrays, metrics = get_learner(cfg.learner_key).train(context, cfg, _arrays(msg))
     return _reply(msg, arrays, {**metrics, C.BLAS_THREADS: threads})
 
@@ -52,5 +70,5 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """The learner's evaluation of the global model on this client (metrics only)."""
     limit_client_threads()
-    cfg = RunConfig.from_run_config(context.run_config)
+    cfg = run_config(context)
     return _reply(msg, None, get_learner(cfg.learner_key).evaluate(context, cfg, _arrays(msg)))

@@ -15,6 +15,7 @@ client's private shard with HD features, and everything both apps need about it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from logging import WARNING
@@ -25,9 +26,14 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 
 from fedqhd.anchors import make_anchors
-from fedqhd.config import RunConfig
+from fedqhd.config import FEATURE_DTYPES, RunConfig
 from fedqhd.data import Shard, ShardLimits, client_shard
-from fedqhd.encoders import HDEncoder, heterogeneous_encoder_params, shared_encoder_params
+from fedqhd.encoders import (
+    EncoderParams,
+    HDEncoder,
+    heterogeneous_encoder_params,
+    shared_encoder_params,
+)
 from fedqhd.envs import ENV_IDS, batch_rollout_returns, get_spec, has_heuristic
 from fedqhd.learners.base import (
     RETURN_CURVES,
@@ -52,8 +58,8 @@ from fedqhd.strategies import FedQHDAnchor, FedQHDAvg, FedQHDExact
 from fedqhd.strategies import contract as C
 
 STATE_ADMM = "fedqhd-admm"  #: context.state ArrayRecord: the ADMM client's last reply
-#: bytes a learner's in-memory features (one float64 row per distinct state) may take before
-#: it fits from streamed sufficient statistics instead
+#: bytes a learner's in-memory features (one row per distinct state) may take before it fits
+#: from streamed sufficient statistics instead
 FEATURE_BUDGET = 1 << 30
 
 
@@ -88,6 +94,14 @@ class FQILearner:
     memory_cap : int or None
         Bytes the fit may need (:func:`fedqhd.memory.fit_memory`); ``None`` (default): the
         memory available now (:func:`fedqhd.memory.available_memory`).
+    feature_dtype : "float64" or "float32"
+        The in-memory feature table's numbers (run-config ``feature-dtype``). ``"float32"``:
+        half the bytes (twice the learners in ``learner-cache-mib``) and a 10 times cheaper
+        encode, each feature rounded (about 5e-7 of its amplitude); the Grams, factors and
+        products stay float64. Readouts then differ from float64's by about 1e-7
+        relative (8e-8 after 5 rounds of 1000 clients; 1.3e-6 for one consensus step
+        from a random readout; BENCHMARKS.md). The streamed fit ignores it (it keeps no
+        features).
 
     Raises
     ------
@@ -101,7 +115,11 @@ class FQILearner:
                  compile_ridge: float | None = None,
                  value_range: str | tuple[float, float] | None = "data",
                  streaming: bool | None = None, feature_budget: int | None = None,
-                 chunk_size: int = 4096, memory_cap: int | None = None) -> None:
+                 chunk_size: int = 4096, memory_cap: int | None = None,
+                 feature_dtype: str = "float64") -> None:
+        if feature_dtype not in FEATURE_DTYPES:
+            raise ValueError(f"feature_dtype must be one of {FEATURE_DTYPES}, "
+                             f"got {feature_dtype!r}")
         self.encoder = encoder
         self.n_actions = int(n_actions)
         self.compile_ridge = float(ridge if compile_ridge is None else compile_ridge)
@@ -112,14 +130,16 @@ class FQILearner:
         n, dim = self.n_transitions, encoder.n_components
         # each distinct state is encoded once (RidgeFQI.from_states): n + episodes rows
         states = distinct_state_count(shard.observations, shard.next_observations)
+        dtype = np.dtype(feature_dtype)
+        width = dtype.itemsize
         if streaming is None:
-            streaming = (states * dim * 8 > budget
+            streaming = (states * dim * width > budget
                          or (cap is not None
                              and fit_memory(n, dim, n_actions, False,
                                             obs_dim=shard.observations.shape[1],
-                                            states=states) > cap))
+                                            states=states, feature_bytes=width) > cap))
         _check_memory(n, dim, int(n_actions), streaming, chunk_size, shard.observations.shape[1],
-                      cap, memory_cap is not None, states)
+                      cap, memory_cap is not None, states, width)
         self.fqi: RidgeFQI | StreamingRidgeFQI
         if streaming:
             self.fqi = StreamingRidgeFQI(encoder.encode, encoder.n_components, n_actions,
@@ -129,8 +149,8 @@ class FQILearner:
                          shard.next_observations, shard.terminated)
         else:
             self.fqi = RidgeFQI.from_states(
-                encoder.encode, shard.observations, shard.actions, shard.rewards,
-                shard.next_observations, shard.terminated, n_actions,
+                lambda states: encoder.encode(states, dtype.type), shard.observations,
+                shard.actions, shard.rewards, shard.next_observations, shard.terminated, n_actions,
                 gamma=gamma, ridge=ridge, proximal=proximal, value_range=value_range)
         self._anchor_key: str | None = None
         self._anchor_system: RidgeSystem | None = None
@@ -233,9 +253,11 @@ class FQILearner:
 
 
 def _check_memory(n: int, dim: int, n_actions: int, streaming: bool, chunk_size: int,
-                  obs_dim: int, cap: int | None, cap_given: bool, states: int) -> None:
+                  obs_dim: int, cap: int | None, cap_given: bool, states: int,
+                  feature_bytes: int = 8) -> None:
     """Refuse a fit that would need more than ``cap`` bytes (``None``: unknown, allow)."""
-    need = fit_memory(n, dim, n_actions, streaming, chunk_size, obs_dim, states=states)
+    need = fit_memory(n, dim, n_actions, streaming, chunk_size, obs_dim, states=states,
+                      feature_bytes=feature_bytes)
     if cap is None or need <= cap:
         return
     limit = (f"the cap of {format_bytes(cap)} (memory-cap-gib)" if cap_given
@@ -244,7 +266,8 @@ def _check_memory(n: int, dim: int, n_actions: int, streaming: bool, chunk_size:
         how = (f"the streaming fit keeps 2 x |A| x D^2 float64 (|A| = {n_actions}, D = {dim}) "
                "whatever the shard's size: lower hd-dim")
     else:
-        how = (f"the in-memory fit holds one float64 feature row per distinct state "
+        kind = "float64" if feature_bytes == 8 else "float32"
+        how = (f"the in-memory fit holds one {kind} feature row per distinct state "
                f"({states} states of n = {n} transitions, D = {dim}): use "
                f"the streaming fit (streaming=None or True; it needs "
                f"{format_bytes(fit_memory(n, dim, n_actions, True, chunk_size, obs_dim))}), lower "
@@ -281,17 +304,25 @@ def encoder_scale(cfg: RunConfig) -> np.ndarray:
     return encoder_bound(cfg.env_id, scale)
 
 
+@functools.lru_cache(maxsize=8)
+def _built_encoder(params: EncoderParams, bound: tuple[float, ...]) -> HDEncoder:
+    """One encoder object per definition and process, shared read-only by its users: a
+    learner rebuilt per message (see :data:`_NODE_LEARNERS`) no longer redraws it."""
+    return params.build(np.asarray(bound, dtype=np.float64))
+
+
 def shared_encoder(cfg: RunConfig) -> HDEncoder:
     """The run's shared encoder, as the server and every client build it."""
-    return shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(encoder_scale(cfg))
+    return _built_encoder(shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth),
+                          tuple(encoder_scale(cfg).tolist()))
 
 
 def client_encoder(cfg: RunConfig, partition_id: int) -> HDEncoder:
     """A client's encoder: the shared one, or its own (heterogeneous setting)."""
     if cfg.encoder == "shared":
         return shared_encoder(cfg)
-    return heterogeneous_encoder_params(cfg.seed, partition_id, cfg.bandwidth).build(
-        encoder_scale(cfg))
+    return _built_encoder(heterogeneous_encoder_params(cfg.seed, partition_id, cfg.bandwidth),
+                          tuple(encoder_scale(cfg).tolist()))
 
 
 def local_ridge(ridge: float, num_partitions: int) -> float:
@@ -315,8 +346,13 @@ def local_proximal(cfg: RunConfig, n_transitions: int) -> float:
 #: learners kept in this process between rounds (encoded shard and factorisations) for
 #: the nodes of the current run this process serves (a Ray actor serves many nodes), up to
 #: run-config ``learner-cache-mib`` per process; a learner that does not fit is rebuilt
-#: per message, deterministically, from its (disk-cached) shard
+#: per message, deterministically, from its shard
 _NODE_LEARNERS: BoundedCache[tuple[FQILearner, Shard]] = BoundedCache(0)
+#: the nodes' shards as loaded and validated (raw transitions, about 10 KB a node at the
+#: defaults), up to :data:`SHARD_SHARE` of ``learner-cache-mib``: a rebuild then encodes
+#: only, instead of reading, unzipping and validating the file again
+_NODE_SHARDS: BoundedCache[Shard] = BoundedCache(0)
+SHARD_SHARE = 8  #: the shard cache's budget is 1 / SHARD_SHARE of ``learner-cache-mib``
 
 
 def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
@@ -325,29 +361,35 @@ def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
     data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
     key = (context.run_id, pid, n_parts, data_dir, cfg)
 
-    def build() -> tuple[FQILearner, Shard]:
+    def load() -> Shard:
         shard = client_shard(cfg.env_id, cfg.partition, pid, n_parts, cfg.episodes_per_client,
                              cfg.seed, data_dir=data_dir or None,
                              epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max,
                              limits=ShardLimits(cfg.value_check, cfg.max_shard_transitions,
                                                 cfg.max_compression_ratio))
-        # exact: the client only computes statistics (its Gram is built once, chunked)
         for flag in shard.value_flags:
             log(WARNING, "client %d: shard value flagged (value-check = \"warn\"): %s", pid, flag)
+        return shard
+
+    def build() -> tuple[FQILearner, Shard]:
+        shard = _NODE_SHARDS.get(key, load, generation)
+        # exact: the client only computes statistics (its Gram is built once, chunked)
         learner = FQILearner(shard, client_encoder(cfg, pid), get_spec(cfg.env_id).n_actions,
                              gamma=cfg.gamma, ridge=local_ridge(cfg.ridge, n_parts),
                              proximal=local_proximal(cfg, shard.n_transitions),
                              compile_ridge=cfg.ridge,
                              streaming=True if cfg.resolved_strategy == "exact" else None,
-                             memory_cap=int(cfg.memory_cap_gib * GIB) or None)
+                             memory_cap=int(cfg.memory_cap_gib * GIB) or None,
+                             feature_dtype=cfg.feature_dtype)
         return learner, shard
 
-    if _NODE_LEARNERS.budget != cfg.learner_cache_mib << 20:
-        _NODE_LEARNERS.resize(cfg.learner_cache_mib << 20)
-    # free what earlier runs (or other settings) left in this process
-    current = (context.run_id, cfg)
-    return _NODE_LEARNERS.get(key, build,
-                              stale=lambda k: (k[0], k[4]) != current)  # type: ignore[index]
+    budget = cfg.learner_cache_mib << 20
+    if _NODE_LEARNERS.budget != budget:
+        _NODE_LEARNERS.resize(budget)
+        _NODE_SHARDS.resize(budget // SHARD_SHARE)
+    # what earlier runs (or other settings) left in this process is freed
+    generation = (context.run_id, cfg)
+    return _NODE_LEARNERS.get(key, build, generation)
 
 
 def _adopt_global(learner: FQILearner, arrays: Arrays, metrics: Metrics) -> None:

@@ -42,8 +42,10 @@ def main(grid: Grid, context: Context) -> None:
         log(ERROR, "fedqhd: invalid run config, the run stops: %s", exc)
         raise
     try:
-        # Flower's simulation polls every stored message per node: keep few stored at once
-        final, out_dir = run_federation(for_simulation(grid, cfg.sim_window), cfg)
+        # Flower's simulation polls every stored message per node: keep few stored at once,
+        # and let a node's poll look at its own messages only
+        final, out_dir = run_federation(for_simulation(grid, cfg.sim_window, cfg.sim_index),
+                                        cfg)
     except CheckpointError as exc:
         log(ERROR, "fedqhd: cannot resume, the run stops: %s", exc)
         raise

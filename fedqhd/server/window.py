@@ -25,6 +25,8 @@ from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
+from fedqhd.server.simindex import index_messages
+
 #: messages kept in the simulation's link state at once (a few per Ray actor is enough
 #: to keep them busy between 0.1 s polls; far fewer than the nodes of a large run)
 SIMULATION_WINDOW = 32
@@ -99,9 +101,14 @@ class WindowedGrid(Grid):
         return self.grid.pull_messages(message_ids)
 
 
-def for_simulation(grid: Grid, window: int = SIMULATION_WINDOW) -> Grid:
+def for_simulation(grid: Grid, window: int = SIMULATION_WINDOW, index: bool = True) -> Grid:
     """``grid`` windowed if it is Flower's simulation grid (and ``window`` > 0), else
-    ``grid`` itself."""
+    ``grid`` itself; with ``index``, the simulation's link state also gets its per-node
+    message index (:func:`fedqhd.server.simindex.index_messages`)."""
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-    return WindowedGrid(grid, window) if window > 0 and isinstance(grid, InMemoryGrid) else grid
+    if not isinstance(grid, InMemoryGrid):
+        return grid
+    if index:
+        index_messages(grid.state)
+    return WindowedGrid(grid, window) if window > 0 else grid
