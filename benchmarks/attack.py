@@ -168,9 +168,11 @@ def identities_off():
 
 
 def node_configs_for(attack: str) -> list[dict[str, Any]] | None:
-    """The control's 7 nodes hold shards 0..6 of the 10-client federation."""
+    """The control's 7 nodes hold the shards of the 10-client federation's clients that
+    are not in ``FAILING`` (0..6)."""
     if attack == "absent30":
-        return [{"num-partitions": N_CLIENTS}] * (N_CLIENTS - len(FAILING))
+        return [{"partition-id": p, "num-partitions": N_CLIENTS} for p in range(N_CLIENTS)
+                if p not in FAILING]
     return None
 
 

@@ -44,11 +44,13 @@ from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
 
 sys.path.insert(0, str(Path(__file__).parent))
+import attack  # noqa: E402
 from attack import N_CLIENTS, SETTINGS, apps_for, node_configs_for  # noqa: E402
 
 
-def recording(app: ClientApp, pid: int, store: dict[int, dict[str, float]]) -> ClientApp:
-    """``app`` whose evaluation replies' metrics are kept in ``store[pid]`` (last round)."""
+def recording(app: ClientApp, store: dict[int, dict[str, float]]) -> ClientApp:
+    """``app`` whose evaluation replies' metrics are kept in ``store[partition id]`` (last
+    round)."""
     out = ClientApp()
 
     @out.train()
@@ -59,7 +61,8 @@ def recording(app: ClientApp, pid: int, store: dict[int, dict[str, float]]) -> C
     def evaluate(msg: Message, context) -> Message:
         reply = app(msg, context)
         if not reply.has_error():
-            store[pid] = dict(reply.content[C.METRICS].items())
+            store[int(context.node_config["partition-id"])] = dict(
+                reply.content[C.METRICS].items())
         return reply
 
     return out
@@ -87,7 +90,7 @@ def run(seed: int, case: str, setting: str, rounds: int, episodes: int,
     store: dict[int, dict[str, float]] = {}
     repart = case == "absent30-repart"
     apps = apps_for("absent30" if repart else case)
-    apps = [recording(app, pid, store) for pid, app in enumerate(apps)]
+    apps = [recording(app, store) for app in apps]
     with tempfile.TemporaryDirectory() as out:
         cfg = RunConfig.from_run_config({"seed": seed, "num-server-rounds": rounds,
                                          "output-dir": out,
@@ -117,8 +120,15 @@ def main() -> None:
         "clean:defaults", "fail30:defaults", "absent30:defaults", "clean:median",
         "fail30:median", "clean:anchor", "fail30:anchor", "absent30-repart:anchor",
         "absent30:anchor"])
+    parser.add_argument("--failing", type=int, nargs="+", default=list(attack.FAILING),
+                        help="the 3 failing clients (default 7 8 9, the most random "
+                        "behaviour under behaviour-skew); the absent30 control then "
+                        "leaves these out")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
+    if len(args.failing) != len(attack.FAILING):
+        parser.error(f"--failing takes {len(attack.FAILING)} client ids")
+    attack.FAILING = tuple(args.failing)
     logging.getLogger("flwr").setLevel(logging.ERROR)
     results = []
     for seed in args.seeds:
