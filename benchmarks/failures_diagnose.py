@@ -85,8 +85,9 @@ def reevaluate(cfg: RunConfig, arrays: dict[str, np.ndarray], episodes: int
 
 
 def run(seed: int, case: str, setting: str, rounds: int, episodes: int,
-        per_client: int) -> dict[str, Any]:
+        per_client: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     overrides = {k.replace("_", "-"): v for k, v in SETTINGS[setting].items()}
+    overrides.update(extra or {})
     store: dict[int, dict[str, float]] = {}
     repart = case == "absent30-repart"
     apps = apps_for("absent30" if repart else case)
@@ -102,8 +103,15 @@ def run(seed: int, case: str, setting: str, rounds: int, episodes: int,
         seconds = time.time() - started
         with np.load(out_dir / "final_model.npz") as z:
             arrays = {k: z[k] for k in z.files}
+        rows = json.loads((out_dir / "results.json").read_text())["rounds"]
+    federated = cfg.encoder == "heterogeneous"
+    counted = {"train-failed": sum(r[C.REPLIES_FAILED] for r in rows)}
+    if federated:
+        counted["evaluate-failed"] = sum(r["evaluate-" + C.REPLIES_FAILED] for r in rows)
     return {"seed": seed, "case": case, "setting": setting, "per-client": per_client,
+            "overrides": extra or {},
             "return": final["return-mean"], "status": final["status"],
+            "counts-exact": counted == attack.expected_failures(case, rounds, federated),
             "clients": {str(p): {"return": m.get(C.RETURN_MEAN),
                                  "num-transitions": m.get(C.NUM_TRANSITIONS)}
                         for p, m in sorted(store.items())},
@@ -124,8 +132,18 @@ def main() -> None:
                         help="the 3 failing clients (default 7 8 9, the most random "
                         "behaviour under behaviour-skew); the absent30 control then "
                         "leaves these out")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="run-config overrides for every case (numbers parsed as "
+                        "float), e.g. ridge=0.142857")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
+    extra: dict[str, Any] = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            extra[key] = float(value)
+        except ValueError:
+            extra[key] = value
     if len(args.failing) != len(attack.FAILING):
         parser.error(f"--failing takes {len(attack.FAILING)} client ids")
     attack.FAILING = tuple(args.failing)
@@ -134,7 +152,8 @@ def main() -> None:
     for seed in args.seeds:
         for item in args.cases:
             case, setting = item.split(":")
-            r = run(seed, case, setting, args.rounds, args.episodes, args.episodes_per_client)
+            r = run(seed, case, setting, args.rounds, args.episodes, args.episodes_per_client,
+                    extra)
             results.append(r)
             print(json.dumps(r), flush=True)
             if args.out:
