@@ -13,8 +13,12 @@ clients. The attacker is client 9; it trains honestly and then alters its reply:
 * ``fail30``: no attacker; clients 7, 8 and 9 raise in training every round
   (``fail30-evaluate``: in evaluation; ``fail30-both``: in both; these two with
   heterogeneous encoders, setting ``anchor``, whose evaluation is federated);
-* ``absent30``: the control, 7 honest clients only (what the failing runs can at best
-  match: the data of 3 clients is missing either way).
+* ``absent30``: the control, 7 honest clients only, holding shards 0..6 of the 10-client
+  federation (node config ``num-partitions`` 10: the same behaviour epsilons and ridge
+  share as in the failing runs), so that the only difference is that clients 7..9
+  never exist: what the failing runs can at best match, the data of 3 clients is
+  missing either way. (Until session 5 the control re-partitioned into 7 clients, whose
+  shards are not those of clients 0..6: another data set, not a control.)
 
 ``plain`` is the behaviour before issue 11: weighted mean, no norm bound, no weight
 cap, no identity binding (switched off here by patching the registry to accept every
@@ -23,6 +27,7 @@ claim). ``defaults`` is the shipped configuration; ``median`` and ``trimmed-mean
 
     OMP_NUM_THREADS=1 python benchmarks/attack.py --seeds 0 1 2 --out attack.json
     OMP_NUM_THREADS=1 python benchmarks/attack.py --only failures --seeds 0 1 2 3 4 5
+    OMP_NUM_THREADS=1 python benchmarks/attack.py --only failures --episodes-per-client 20
 """
 
 from __future__ import annotations
@@ -162,12 +167,25 @@ def identities_off():
         IdentityRegistry.claim = original  # type: ignore[method-assign]
 
 
-def run(seed: int, attack: str, setting: str, rounds: int) -> dict[str, Any]:
+def node_configs_for(attack: str) -> list[dict[str, Any]] | None:
+    """The control's 7 nodes hold the shards of the 10-client federation's clients that
+    are not in ``FAILING`` (0..6)."""
+    if attack == "absent30":
+        return [{"partition-id": p, "num-partitions": N_CLIENTS} for p in range(N_CLIENTS)
+                if p not in FAILING]
+    return None
+
+
+def run(seed: int, attack: str, setting: str, rounds: int,
+        episodes_per_client: int = 5) -> dict[str, Any]:
     overrides = {k.replace("_", "-"): v for k, v in SETTINGS[setting].items()}
     with tempfile.TemporaryDirectory() as out:
         cfg = RunConfig.from_run_config({"seed": seed, "num-server-rounds": rounds,
-                                         "output-dir": out, **overrides})
-        grid = InProcessGrid(apps_for(attack), run_config=cfg.to_run_config())
+                                         "output-dir": out,
+                                         "episodes-per-client": episodes_per_client,
+                                         **overrides})
+        grid = InProcessGrid(apps_for(attack), run_config=cfg.to_run_config(),
+                             node_configs=node_configs_for(attack))
         started = time.time()
         if setting == "plain":
             with identities_off():
@@ -193,6 +211,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", default="")
+    parser.add_argument("--episodes-per-client", type=int, default=5,
+                        help="episodes in each client's generated shard (the run config's "
+                        "default: 5)")
     parser.add_argument("--only", choices=["attacks", "failures"], default=None,
                         help="the attack cases, or the failure cases (both strategies)")
     args = parser.parse_args()
@@ -210,7 +231,7 @@ def main() -> None:
     results = []
     for seed in args.seeds:
         for attack, setting in cases:
-            r = run(seed, attack, setting, args.rounds)
+            r = run(seed, attack, setting, args.rounds, args.episodes_per_client)
             results.append(r)
             print(json.dumps(r), flush=True)
             if args.out:

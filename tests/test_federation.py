@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from flwr.clientapp import ClientApp
 
 from fedqhd.client.app import app as client_app
 from fedqhd.config import RunConfig
@@ -115,3 +116,39 @@ def test_a_client_evaluates_in_its_own_dynamics():
     stock = greedy_return(cfg, learner.encoder, readout, party=pid)
     assert metrics[C.RETURN_MEAN] == pytest.approx(own.mean())
     assert own.mean() != pytest.approx(stock.mean())  # physics that matter to this policy
+
+
+def _failing_in_training() -> ClientApp:
+    """fedqhd's ClientApp, except that it raises in every train message."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg, context):
+        raise RuntimeError("this client fails in training every round")
+
+    @app.evaluate()
+    def evaluate(msg, context):
+        return client_app(msg, context)
+
+    return app
+
+
+@pytest.mark.parametrize("encoder, key", [("shared", "readout"), ("heterogeneous", "teacher")])
+def test_a_client_failing_every_round_costs_what_its_absence_costs(tmp_path, encoder, key):
+    # the global model of 4 clients, one failing in training every round, is the model of
+    # the 3 others alone (shards 0..2 of the same 4-client federation): a failed reply
+    # moves no weight cap, latest-reply memory, ADMM consensus or teacher
+    cfg = RunConfig(output_dir=str(tmp_path), num_server_rounds=3, seed=3, encoder=encoder,
+                    **SMALL)
+    models = []
+    for apps, node_configs in (([client_app] * 3 + [_failing_in_training()], None),
+                               ([client_app] * 3, [{"num-partitions": 4}] * 3)):
+        grid = InProcessGrid(apps, run_config=cfg.to_run_config(), node_configs=node_configs)
+        final, out_dir = run_federation(grid, cfg)
+        rows = json.loads((out_dir / "results.json").read_text())["rounds"]
+        assert [r["replies-ok"] for r in rows] == [3, 3, 3]
+        assert [r["replies-failed"] for r in rows] == [len(apps) - 3] * 3
+        assert sum(r["replies-rejected"] for r in rows) == 0
+        models.append(np.load(out_dir / "final_model.npz")[key])
+    assert np.abs(models[0]).max() > 0
+    np.testing.assert_allclose(models[0], models[1], rtol=1e-9, atol=1e-12)
