@@ -558,8 +558,13 @@ class OnlineClient:
 
     # ----------------------------------------------------------------- acting and federation
 
+    def encode(self, states: np.ndarray) -> np.ndarray:
+        """``states`` in this client's float32 features, as it fits and acts with them
+        (anchor features must be these, or a compiled teacher differs from the bench's)."""
+        return _encode32(self.encoder, states)
+
     def q_values(self, states: np.ndarray) -> np.ndarray:
-        return _encode32(self.encoder, states).astype(np.float64) @ self.readout
+        return self.encode(states).astype(np.float64) @ self.readout
 
     def compile(self, anchor_features: np.ndarray, teacher: np.ndarray, ridge: float,
                 toward_own: bool = True) -> float:
@@ -1035,7 +1040,7 @@ def run_online(
     if aggregate == "anchors":
         with timer("anchors"):
             anchors = make_anchors(anchor_source, env_id, n_anchors, seed)
-            anchors_x = [_encode32(cl.encoder, anchors) for cl in clients]
+            anchors_x = [cl.encode(anchors) for cl in clients]
     global_w = (np.zeros((dim, spec.n_actions)) if aggregate in ("average", "pooled")
                 else None)
     result = OnlineResult(env_id, encoder, aggregate, seed, math.nan, math.nan,

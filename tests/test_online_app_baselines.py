@@ -14,7 +14,7 @@ from flwr.app import Error, Message, Metadata, MetricRecord, RecordDict
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, run_online_kwargs
-from fedqhd.online import run_online
+from fedqhd.online import OnlineClient, run_online
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import FedQHDIndependent, FedQHDTruncate
@@ -51,6 +51,54 @@ def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encod
         alone = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,
                            **{**run_online_kwargs(cfg), "aggregate": None})
         assert [r["train-return-last100"] for r in alone.rounds] != bench_curve
+
+
+def test_app_fedqhd_anchor_equals_the_benchs_run(tmp_path, monkeypatch):
+    """Heterogeneous FedQHD (FedQHDAnchor, online) in the app is the bench's
+    ``run_online(aggregate="anchors")``: every client compiles the same teacher (the
+    bench's anchors and seed, the anchors in the client's float32 features, transition
+    weights) exactly once per round, so the readouts and the curves equal the bench's.
+    ``weight-cap-factor`` 0: the app's default cap (3x the median transitions) may act
+    where the bench weights plain transitions."""
+    n, rounds_n = 3, 4
+    compiled: list[tuple[int, np.ndarray, np.ndarray]] = []
+    real = OnlineClient.compile
+
+    def spy(self, features, teacher, ridge, toward_own=True):
+        residual = real(self, features, teacher, ridge, toward_own)
+        compiled.append((len(self.readout), np.array(teacher), self.readout.copy()))
+        return residual
+
+    monkeypatch.setattr(OnlineClient, "compile", spy)
+    cfg = RunConfig.from_run_config({**KEYS, "strategy": "anchor", "encoder": "heterogeneous",
+                                     "episodes-per-round": 10, "num-server-rounds": rounds_n,
+                                     "num-anchors": 100, "weight-cap-factor": 0.0,
+                                     "min-nodes": n, "output-dir": str(tmp_path)})
+    _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),
+                            cfg)
+    rounds = json.loads((out / "results.json").read_text())["rounds"]
+    app_compiled, compiled[:] = list(compiled), []
+    bench = run_online(n_clients=n, episodes=rounds_n * 10, greedy_episodes=1,
+                       **run_online_kwargs(cfg))
+    assert bench.aggregate == "anchors"
+
+    def by_client(calls):  # D_i names the client (500, 1000, 2000 for three clients)
+        return {d: [c[1:] for c in calls if c[0] == d] for d in sorted({c[0] for c in calls})}
+
+    app_calls, bench_calls = by_client(app_compiled), by_client(compiled)
+    assert list(app_calls) == list(bench_calls) == [500, 1000, 2000]
+    for d in bench_calls:  # once per round, in the app as in the bench
+        assert len(app_calls[d]) == len(bench_calls[d]) == rounds_n
+        for (t_app, w_app), (t_bench, w_bench) in zip(app_calls[d], bench_calls[d],
+                                                      strict=True):
+            np.testing.assert_allclose(t_app, t_bench, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(w_app, w_bench, rtol=1e-9, atol=1e-12)
+    app_curve = [r[TRAIN_RETURN_LAST100] for r in rounds]
+    bench_curve = [r["train-return-last100"] for r in bench.rounds]
+    np.testing.assert_allclose(app_curve, bench_curve, rtol=1e-9, atol=0)
+    for r in rounds:
+        assert r[C.REPLIES_OK] == n and r[C.REPLIES_WEIGHT_CAPPED] == 0
+        assert r[f"{C.EVALUATE_PREFIX}{C.REPLIES_OK}"] == n
 
 
 def test_baseline_strategies_need_fqi_online():

@@ -6,7 +6,8 @@ copy of the environment (its own physics under ``dynamics-skew``), offers them t
 its buffer (per-action statistics updated, never recomputed), runs
 ``local-iterations`` warm-started sweeps of bounded ridge FQI and replies: its
 readout (shared encoder, FedQHDAvg) or its Q-values on the anchors
-(heterogeneous encoders, FedQHDAnchor, after compiling the last teacher). Every
+(heterogeneous encoders, FedQHDAnchor: each teacher compiled once, after the round's
+fit, with the anchors in the client's float32 features, as the bench does). Every
 reply carries ``train-return-last100``, the paper's metric: the mean return of
 the client's last 100 training episodes. The numeric core is
 :class:`fedqhd.online.OnlineClient`.
@@ -76,24 +77,40 @@ def node_client(context: Context, cfg: RunConfig) -> tuple[OnlineClient, dict[st
     return _CLIENTS[key]
 
 
+def _anchor_features(client: OnlineClient, cache: dict[str, Any],
+                     anchors: np.ndarray) -> np.ndarray:
+    """The client's float32 features of the run's anchors (as the bench encodes them,
+    :meth:`~fedqhd.online.OnlineClient.encode`), computed once per anchor set."""
+    anchors = np.ascontiguousarray(anchors, dtype=np.float64)
+    digest = hashlib.sha1(anchors.tobytes()).hexdigest()
+    if cache.get("anchor-digest") != digest:
+        cache["anchor-digest"] = digest
+        cache["anchor-features"] = client.encode(anchors)
+    return cache["anchor-features"]
+
+
 def _adopt(client: OnlineClient, cache: dict[str, Any], arrays: Arrays, cfg: RunConfig,
            metrics: Metrics) -> None:
     """Start from the global model: the shared readout, the truncated average in this
-    client's first rows (truncate), or the teacher compiled into this client's features
-    (anchor features computed once per anchor set). Nothing (none): its own readout."""
+    client's first rows (truncate), or the teacher compiled into this client's features.
+    Nothing (none): its own readout.
+
+    A teacher is compiled once: the compilation pulls toward the current readout, so
+    compiling it again (evaluation, then the next round's training get the same teacher)
+    would move the readout twice where the bench's round moves it once."""
     if C.READOUT in arrays:
         client.readout = np.array(arrays[C.READOUT], dtype=np.float64)
     elif C.READOUT_HEAD in arrays:
         client.readout = with_head(client.readout, arrays[C.READOUT_HEAD])
     elif C.TEACHER in arrays:
-        anchors = np.ascontiguousarray(arrays[C.ANCHORS], dtype=np.float64)
-        digest = hashlib.sha1(anchors.tobytes()).hexdigest()
-        if cache.get("anchor-digest") != digest:
-            cache["anchor-digest"] = digest
-            cache["anchor-features"] = client.encoder.encode(anchors).astype(np.float32)
-        metrics[C.PROJECTION_RESIDUAL] = client.compile(cache["anchor-features"],
-                                                        arrays[C.TEACHER],
-                                                        cfg.online_compile_ridge or cfg.ridge)
+        teacher = np.ascontiguousarray(arrays[C.TEACHER], dtype=np.float64)
+        digest = hashlib.sha1(teacher.tobytes()).hexdigest()
+        if cache.get("teacher-digest") != digest:
+            features = _anchor_features(client, cache, arrays[C.ANCHORS])
+            cache["teacher-digest"] = digest
+            cache["projection-residual"] = client.compile(
+                features, teacher, cfg.online_compile_ridge or cfg.ridge)
+        metrics[C.PROJECTION_RESIDUAL] = cache["projection-residual"]
 
 
 #: the in-process bench's ``run_online(aggregate=...)`` of each app strategy
@@ -194,7 +211,8 @@ class FQIOnline(FQI):
             return None, metrics
         if strategy in ("avg", "truncate"):
             return {C.READOUT: client.readout}, metrics
-        return {C.Q_ANCHORS: client.q_values(arrays[C.ANCHORS])}, metrics
+        features = _anchor_features(client, cache, arrays[C.ANCHORS])
+        return {C.Q_ANCHORS: features.astype(np.float64) @ client.readout}, metrics
 
     def evaluate(self, context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
         client, cache = node_client(context, cfg)
