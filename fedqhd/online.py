@@ -889,13 +889,6 @@ ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-#: how the server weighs clients when it merges them (readouts or Q on anchors):
-#: ``"collected"`` by transitions collected, ``"buffer"`` by transitions in the buffer
-#: the client's fit used (a client with a small buffer, such as the heterogeneous
-#: D = 5000 client's 1e7 / D slots, counts less)
-TEACHER_WEIGHTS: tuple[str, ...] = ("collected", "buffer")
-
-
 def encoder_bound(env_id: str, obs_scale: Sequence[float] | None = None) -> np.ndarray:
     """The per-coordinate scale the online encoders divide observations by: the task's
     ``obs_bound`` times ``obs_scale`` (one positive multiplier per coordinate; ``None``
@@ -954,7 +947,6 @@ def run_online(
     n_anchors: int = 1000,
     anchor_source: str = "rollouts",
     compile_ridge: float | None = None,
-    teacher_weight: str | None = None,
     greedy_episodes: int = 10,
     dynamics: Sequence[dict[str, float] | None] | None = None,
     verbose: bool = False,
@@ -1008,11 +1000,6 @@ def run_online(
     tail = table.get("tail", 0) if tail is None else tail
     compile_ridge = table.get("compile_ridge", 1.0) if compile_ridge is None else compile_ridge
     capacity = table.get("capacity") if capacity is None else capacity
-    teacher_weight = (table.get("teacher_weight", "collected") if teacher_weight is None
-                      else teacher_weight)
-    if teacher_weight not in TEACHER_WEIGHTS:
-        raise ValueError(f"teacher_weight must be one of {TEACHER_WEIGHTS}, "
-                         f"got {teacher_weight!r}")
     obs_scale = table.get("obs_scale") if obs_scale is None else obs_scale
     bound = encoder_bound(env_id, obs_scale)
     if gamma_final > gamma and n_step > 1:
@@ -1068,7 +1055,6 @@ def run_online(
                                       sweeps=sweeps, per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
                                       compile_ridge=compile_ridge,
-                                      teacher_weight=teacher_weight,
                                       obs_scale=(None if obs_scale is None
                                                  else [float(v) for v in obs_scale]),
                                       capacity=[cl.capacity for cl in clients]))
@@ -1080,8 +1066,7 @@ def run_online(
         done += k
         for cl in clients:
             cl.gamma = discount(done)
-        weights = np.array([cl.n_transitions if teacher_weight == "collected" else cl.size
-                            for cl in clients], dtype=float)
+        weights = np.array([cl.n_transitions for cl in clients], dtype=float)
         weights /= weights.sum()
         if aggregate == "pooled":
             global_w = pooled_fit(clients, sweeps, init=global_w, prior=global_w)
