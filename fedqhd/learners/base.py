@@ -101,6 +101,13 @@ class Learner(Protocol):
         """A client's evaluation of the global model: the reply's metrics."""
 
 
+def greedy_final_line(final: dict[str, Any]) -> str:
+    """The end-of-run log line of learners whose ``final`` is a greedy return."""
+    nan = float("nan")
+    return (f"final greedy return {final.get('return-mean') or nan:.1f} +- "
+            f"{final.get('return-std') or nan:.1f} after {final.get('round')} rounds")
+
+
 def env_problem(learner: str, env_ids: tuple[str, ...], env_id: str) -> str | None:
     """The config error of a learner run on a task it does not support, or ``None``."""
     if env_id in env_ids:

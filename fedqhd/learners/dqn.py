@@ -35,7 +35,15 @@ from fedqhd.baselines.dqn import (
 from fedqhd.config import RunConfig
 from fedqhd.data.partition import partition_settings
 from fedqhd.envs import ENV_IDS, batch_rollout_returns, get_spec
-from fedqhd.learners.base import Arrays, Curves, Metrics, ServerPlan, env_problem, partition
+from fedqhd.learners.base import (
+    Arrays,
+    Curves,
+    Metrics,
+    ServerPlan,
+    env_problem,
+    greedy_final_line,
+    partition,
+)
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, with_train_return
 from fedqhd.seeding import SERVER, evaluation_seed
 from fedqhd.strategies import FedQHDAvg
@@ -146,9 +154,7 @@ class FedAvgDQN:
         return None
 
     def final_line(self, final: dict[str, Any]) -> str:
-        nan = float("nan")
-        return (f"final greedy return {final.get('return-mean') or nan:.1f} +- "
-                f"{final.get('return-std') or nan:.1f} after {final.get('round')} rounds")
+        return greedy_final_line(final)
 
     def train(self, context: Context, cfg: RunConfig, arrays: Arrays
               ) -> tuple[Arrays | None, Metrics]:

@@ -41,6 +41,7 @@ from fedqhd.learners.base import (
     Metrics,
     ServerPlan,
     env_problem,
+    greedy_final_line,
     partition,
 )
 from fedqhd.learners.cache import BoundedCache
@@ -475,9 +476,7 @@ class FQI:
         return None
 
     def final_line(self, final: dict[str, Any]) -> str:
-        nan = float("nan")
-        return (f"final greedy return {final.get('return-mean') or nan:.1f} +- "
-                f"{final.get('return-std') or nan:.1f} after {final.get('round')} rounds")
+        return greedy_final_line(final)
 
     def train(self, context: Context, cfg: RunConfig, arrays: Arrays
               ) -> tuple[Arrays | None, Metrics]:
