@@ -13,6 +13,9 @@ clients. The attacker is client 9; it trains honestly and then alters its reply:
 * ``fail30``: no attacker; clients 7, 8 and 9 raise in training every round
   (``fail30-evaluate``: in evaluation; ``fail30-both``: in both; these two with
   heterogeneous encoders, setting ``anchor``, whose evaluation is federated);
+* ``churn30`` (``-evaluate``, ``-both``): a fresh random 3 of the 10 clients raise every
+  round (:func:`churn_failing`), in training, evaluation or both: every client's data
+  still reaches the federation in the rounds it is not picked;
 * ``absent30``: the control, 7 honest clients only, holding shards 0..6 of the 10-client
   federation (node config ``num-partitions`` 10: the same behaviour epsilons and ridge
   share as in the failing runs), so that the only difference is that clients 7..9
@@ -28,6 +31,7 @@ claim). ``defaults`` is the shipped configuration; ``median`` and ``trimmed-mean
     OMP_NUM_THREADS=1 python benchmarks/attack.py --seeds 0 1 2 --out attack.json
     OMP_NUM_THREADS=1 python benchmarks/attack.py --only failures --seeds 0 1 2 3 4 5
     OMP_NUM_THREADS=1 python benchmarks/attack.py --only failures --episodes-per-client 20
+    OMP_NUM_THREADS=1 python benchmarks/attack.py --only churn --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -111,6 +115,41 @@ FAILURES: dict[str, tuple[str, ...]] = {
     "fail30": ("train",), "fail30-evaluate": ("evaluate",),
     "fail30-both": ("train", "evaluate")}
 FAILING = (7, 8, 9)
+#: 30 % of the clients failing in these stages every round, a fresh random 3 each round
+CHURN: dict[str, tuple[str, ...]] = {
+    "churn30": ("train",), "churn30-evaluate": ("evaluate",),
+    "churn30-both": ("train", "evaluate")}
+
+
+def churn_failing(seed: int, server_round: int) -> set[int]:
+    """The 3 of the 10 clients that fail in round ``server_round`` of a churn run."""
+    rng = np.random.default_rng([seed, server_round, 30])
+    return {int(p) for p in rng.choice(N_CLIENTS, size=len(FAILING), replace=False)}
+
+
+def churning_app(stages: tuple[str, ...]) -> ClientApp:
+    """A client that raises in the given stages in the rounds :func:`churn_failing` picks
+    it for, and is honest otherwise."""
+    app = ClientApp()
+
+    def fails(msg: Message, context) -> bool:
+        server_round = int(msg.content[C.CONFIG][C.SERVER_ROUND])
+        seed = int(context.run_config["seed"])
+        return int(context.node_config["partition-id"]) in churn_failing(seed, server_round)
+
+    @app.train()
+    def train(msg: Message, context) -> Message:
+        if "train" in stages and fails(msg, context):
+            raise RuntimeError("this client fails in training this round")
+        return honest_app(msg, context)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context) -> Message:
+        if "evaluate" in stages and fails(msg, context):
+            raise RuntimeError("this client fails in evaluation this round")
+        return honest_app(msg, context)
+
+    return app
 
 
 def _scale(arrays, metrics, rnd):
@@ -138,12 +177,14 @@ def apps_for(attack: str) -> list[ClientApp]:
     elif attack in FAILURES:
         for i in FAILING:
             apps[i] = failing_app(FAILURES[attack])
+    elif attack in CHURN:
+        apps = [churning_app(CHURN[attack])] * N_CLIENTS
     return apps
 
 
 def expected_failures(attack: str, rounds: int, federated_evaluation: bool) -> dict[str, int]:
     """The reply counts a run with ``attack`` must record (every client sampled)."""
-    stages = FAILURES.get(attack, ())
+    stages = FAILURES.get(attack, CHURN.get(attack, ()))
     out = {"train-failed": rounds * len(FAILING) * ("train" in stages)}
     if federated_evaluation:
         out["evaluate-failed"] = rounds * len(FAILING) * ("evaluate" in stages)
@@ -214,15 +255,19 @@ def main() -> None:
     parser.add_argument("--episodes-per-client", type=int, default=5,
                         help="episodes in each client's generated shard (the run config's "
                         "default: 5)")
-    parser.add_argument("--only", choices=["attacks", "failures"], default=None,
-                        help="the attack cases, or the failure cases (both strategies)")
+    parser.add_argument("--only", choices=["attacks", "failures", "churn"], default=None,
+                        help="the attack cases, the failure cases (both strategies), or "
+                        "the churn cases (a fresh random 30%% failing each round)")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.ERROR)
     cases: list[tuple[str, str]] = []
-    if args.only != "failures":
+    if args.only in (None, "attacks"):
         shared = [s for s in SETTINGS if s != "anchor"]
         cases += [("clean", s) for s in shared] + [(a, s) for a in ATTACKS for s in shared]
-    if args.only != "attacks":
+    if args.only == "churn":
+        cases += [("clean", "defaults"), ("churn30", "defaults"), ("clean", "anchor")]
+        cases += [(c, "anchor") for c in CHURN]
+    elif args.only != "attacks":
         # (plain averaging treats a failed reply as the defaults do: no separate row)
         cases += [("clean", "defaults"), ("clean", "anchor")] if args.only else []
         cases += [("fail30", "defaults"), ("fail30", "median")]
