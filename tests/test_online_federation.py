@@ -168,6 +168,28 @@ def test_a_tasks_obs_scale_key_rescales_every_encoder_alike(monkeypatch):
         online.encoder_bound("Acrobot-v1", (1.0, 0.0, 1, 1, 1, 1))
 
 
+def test_lunarlander_default_encoder_tells_a_soft_touchdown_from_a_crash(monkeypatch):
+    """The table's LunarLander ``obs_scale`` narrows the kernel along the velocities: two
+    states near the pad that differ only in vertical speed (0.1 vs 0.5, a soft touchdown
+    vs a crash) must look different to the encoder (at the task's full bounds their
+    kernel similarity is ~0.96, so one readout cannot value them apart)."""
+    seen = {}
+
+    def fake_init(self, env_id, encoder, **kw):
+        seen["encoder"] = encoder
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(online.OnlineClient, "__init__", fake_init)
+    with pytest.raises(RuntimeError, match="stop"):
+        online.run_online("LunarLander-v3", seed=0)
+    soft = np.array([[0.0, 0.1, 0.0, -0.1, 0.0, 0.0, 0.0, 0.0]])
+    crash = soft.copy()
+    crash[0, 3] = -0.5
+    phi = seen["encoder"].transform(np.vstack([soft, crash]))
+    similarity = float(phi[0] @ phi[1] / np.linalg.norm(phi[0]) / np.linalg.norm(phi[1]))
+    assert similarity < 0.8
+
+
 @pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
 def test_online_app_runs_with_the_per_task_settings(tmp_path, encoder):
     # online-settings = "auto": the table's CartPole settings (tail, epsilon, K) in the app

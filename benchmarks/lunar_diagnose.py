@@ -1,0 +1,109 @@
+"""How the online learner's final LunarLander policy fails (issue 13, round 4).
+
+Runs :func:`fedqhd.online.run_online` (table settings unless overridden), keeps the
+clients, then rolls out the final greedy policy and reports how its episodes end
+(landed at rest +100, crashed -100, flew off screen, hit the 1000-step limit),
+their lengths, Q(s, a) of the greedy action against the realised discounted return
+from that step (over- or under-estimation), the buffer's share of terminal
+transitions and its action mix, and percentiles of the visited states (for the
+encoder's per-coordinate ``obs_scale``). Single-threaded:
+
+    OMP_NUM_THREADS=1 python benchmarks/lunar_diagnose.py --seed 44 --encoder shared
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+import fedqhd.online as online
+from fedqhd.envs import make_env
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=44)
+    parser.add_argument("--encoder", default="shared", choices=["shared", "heterogeneous"])
+    parser.add_argument("--episodes", type=int, default=600)
+    parser.add_argument("--greedy", type=int, default=20, help="greedy episodes per client")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
+    args = parser.parse_args()
+    overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
+    env_id = "LunarLander-v3"
+    kept: list[online.OnlineClient] = []
+
+    class Kept(online.OnlineClient):
+        def __init__(self, *a, **k) -> None:
+            super().__init__(*a, **k)
+            kept.append(self)
+
+    online.OnlineClient = Kept  # type: ignore[misc]
+    res = online.run_online(env_id, episodes=args.episodes, encoder=args.encoder,
+                            seed=args.seed, verbose=True, **overrides)
+    print(f"last100 {res.train_return_last100:.1f} greedy {res.greedy_return:.1f} "
+          f"clients {[round(x, 1) for x in res.client_last100]} wall {res.wall_s:.1f} s "
+          f"cpu {res.cpu_s:.1f} s")
+    gamma = kept[0].gamma
+    ends: dict[str, int] = {}
+    lengths, q_err_start, q_err_all, returns, states = [], [], [], [], []
+    rng = np.random.default_rng(args.seed)
+    for c, cl in enumerate(kept):
+        for _ in range(args.greedy):
+            env = make_env(env_id).unwrapped
+            obs, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
+            qs, rs, term = [], [], False
+            for _t in range(1000):
+                q = cl.q_values(np.asarray(obs, dtype=np.float32)[None])[0]
+                a = int(q.argmax())
+                states.append(np.asarray(obs, dtype=float))
+                qs.append(q[a])
+                obs, r, term, _, _ = env.step(a)
+                rs.append(float(r))
+                if term:
+                    break
+            if not term:
+                why = "time limit"
+            elif not env.lander.awake:
+                why = "landed"
+            elif abs(obs[0]) >= 1.0:
+                why = "off screen"
+            else:
+                why = "crashed"
+            ends[why] = ends.get(why, 0) + 1
+            g, disc = np.zeros(len(rs)), 0.0
+            for t in range(len(rs) - 1, -1, -1):
+                disc = rs[t] + gamma * disc
+                g[t] = disc
+            # a truncated episode's tail would bootstrap: compare only steps >= 300 from its end
+            valid = len(rs) if term else max(0, len(rs) - 300)
+            err = np.asarray(qs)[:valid] - g[:valid]
+            if valid:
+                q_err_start.append(err[0])
+                q_err_all.extend(err.tolist())
+            lengths.append(len(rs))
+            returns.append(sum(rs))
+        n = cl.size
+        term_share = float(np.mean(cl.continues[:n] == 0))
+        mix = np.bincount(cl.actions[:n], minlength=cl.n_actions) / n
+        print(f"client {c}: buffer {n} of {cl.n_transitions} collected, terminal share "
+              f"{term_share:.3f}, action mix {np.round(mix, 2).tolist()}, rewards "
+              f"[{cl.r_min:.1f}, {cl.r_max:.1f}]")
+    lengths_a, returns_a = np.asarray(lengths), np.asarray(returns)
+    print(f"greedy episodes {len(lengths)}: ends {ends}; return mean {returns_a.mean():.1f} "
+          f"median {np.median(returns_a):.1f}; length mean {lengths_a.mean():.0f} "
+          f"percentiles 10/50/90 {np.percentile(lengths_a, [10, 50, 90]).round().tolist()}")
+    print(f"Q(s,a) - realised discounted return: at step 0 mean {np.mean(q_err_start):.1f}; "
+          f"all steps mean {np.mean(q_err_all):.1f}, median {np.median(q_err_all):.1f}, "
+          f"mean |.| {np.mean(np.abs(q_err_all)):.1f}")
+    s = np.asarray(states)
+    bound = np.asarray(online.encoder_bound(env_id))
+    pct = np.percentile(np.abs(s), [50, 90, 99], axis=0) / bound
+    print("visited |state| / obs_bound, percentiles 50/90/99 per coordinate:")
+    for name, row in zip(("p50", "p90", "p99"), pct, strict=True):
+        print(f"  {name}: {np.round(row, 3).tolist()}")
+
+
+if __name__ == "__main__":
+    main()
