@@ -85,3 +85,28 @@ def test_a_stale_process_copy_is_never_used(tmp_path):
     np.testing.assert_array_equal(rebuilt.readout, current.readout)
     np.testing.assert_array_equal(rebuilt.gram, current.gram)
     assert rebuilt.rng.bit_generator.state == current.rng.bit_generator.state
+
+
+def test_dqn_node_served_by_another_process_raises_instead_of_a_partial_copy(tmp_path,
+                                                                              monkeypatch):
+    """FedAvg-DQN keeps its replay and optimiser in the process: a node whose
+    context.state is newer than this process's copy (or that it never saw) is an error."""
+    pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    from fedqhd.baselines.dqn import initial_network
+    from fedqhd.learners import dqn
+
+    cfg = RunConfig.from_run_config({"protocol": "online", "learner": "dqn", "seed": 0,
+                                     "episodes-per-round": 2, "online-episodes": 4,
+                                     "min-nodes": 1, "output-dir": str(tmp_path)})
+    context = next(iter(InProcessGrid([client_app], run_config=cfg.to_run_config())
+                        .contexts.values()))
+    monkeypatch.setattr(dqn, "_CLIENTS", {})
+    monkeypatch.setattr(dqn.DQNClients, "collect_and_train",  # the learning is not the point
+                        lambda self, k: (np.ones(k), None))
+    arrays = {"network": dqn.pack(initial_network(cfg.env_id, cfg.seed))}
+    dqn.LEARNER.train(context, cfg, arrays)
+    dqn.LEARNER.train(context, cfg, arrays)  # same process: its copy is current
+    monkeypatch.setattr(dqn, "_CLIENTS", {})  # another "actor"
+    with pytest.raises(RuntimeError, match="served by another process"):
+        dqn.LEARNER.train(context, cfg, arrays)
