@@ -19,11 +19,12 @@ here each node draws its own minibatches and computes alone.
 from __future__ import annotations
 
 import importlib.util
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 
 from fedqhd.baselines.dqn import (
     PAPER_HIDDEN,
@@ -49,9 +50,10 @@ from fedqhd.seeding import SERVER, evaluation_seed
 from fedqhd.strategies import FedQHDAvg
 from fedqhd.strategies import contract as C
 
-#: this process's DQN clients, by (run, partition, partitions, config): replay, Adam, epsilon
-_CLIENTS: dict[tuple[Any, ...], tuple[DQNClients, list[float]]] = {}
-
+#: this process's DQN clients, by (run, partition, partitions, config): replay, Adam,
+#: epsilon, episode returns, and the version of the node's context.state they belong to
+_CLIENTS: dict[tuple[Any, ...], tuple[DQNClients, list[float], str]] = {}
+STATE_META = "fedqhd-dqn-meta"  #: context.state ConfigRecord: version of the node's client
 
 def pack(params: Sequence[np.ndarray]) -> np.ndarray:
     """The network's arrays flattened into one float32 vector (the ``"network"`` array)."""
@@ -80,22 +82,51 @@ def _greedy_returns(cfg: RunConfig, params: Sequence[np.ndarray], party: int,
                                  dynamics=dynamics or None)
 
 
+def _state_version(context: Context) -> str:
+    if STATE_META not in context.state:
+        return ""
+    return str(context.state[STATE_META]["version"])  # type: ignore[index]
+
+
 def node_client(context: Context, cfg: RunConfig) -> tuple[DQNClients, list[float]]:
-    """This node's DQN client (built on first use in this process) and its episode returns."""
+    """This node's DQN client (built on its first message) and its episode returns.
+
+    The client (replay buffer, Adam state, epsilon) lives in the process that serves the
+    node; ``context.state`` holds only its version. A node whose state says it was served
+    before by another process (Flower's Ray actor pool has no node affinity) raises
+    rather than continue from a partial copy."""
     pid, n_parts = partition(context)
     key = (context.run_id, pid, n_parts, cfg)
-    if key not in _CLIENTS:
-        dynamics = partition_settings(cfg.partition, pid, n_parts, cfg.seed,
-                                      env_id=cfg.env_id)["dynamics"]
-        client = DQNClients(cfg.env_id, 1, cfg.seed, hidden=PAPER_HIDDEN, gamma=cfg.gamma,
-                            eps_start=cfg.epsilon_start, eps_decay=cfg.epsilon_decay,
-                            eps_min=cfg.epsilon_floor, dynamics=dynamics or None,
-                            first_client=pid)
-        for stale in [k for k in _CLIENTS if k[0] != context.run_id or k[3] != cfg]:
-            _CLIENTS.pop(stale)[0].close()
-        _CLIENTS[key] = (client, [])
-    return _CLIENTS[key]
+    version = _state_version(context)
+    cached = _CLIENTS.get(key)
+    if cached is not None and cached[2] == version:
+        return cached[0], cached[1]
+    if version:
+        raise RuntimeError(
+            f"learner 'dqn': node {context.node_id} (partition {pid}) was served by another "
+            "process since this process last saw it (its replay buffer and optimiser live "
+            "in one process); run it in process, or under Ray with one actor "
+            "(client-resources-num-cpus = the machine's CPUs)")
+    dynamics = partition_settings(cfg.partition, pid, n_parts, cfg.seed,
+                                  env_id=cfg.env_id)["dynamics"]
+    client = DQNClients(cfg.env_id, 1, cfg.seed, hidden=PAPER_HIDDEN, gamma=cfg.gamma,
+                        eps_start=cfg.epsilon_start, eps_decay=cfg.epsilon_decay,
+                        eps_min=cfg.epsilon_floor, dynamics=dynamics or None,
+                        first_client=pid)
+    for stale in [k for k in _CLIENTS if k == key or k[0] != context.run_id or k[3] != cfg]:
+        _CLIENTS.pop(stale)[0].close()
+    _CLIENTS[key] = (client, [], version)
+    return client, _CLIENTS[key][1]
 
+
+def _save_version(context: Context, cfg: RunConfig) -> None:
+    """A new version of the node's client, in ``context.state`` and this process's copy."""
+    pid, n_parts = partition(context)
+    key = (context.run_id, pid, n_parts, cfg)
+    version = secrets.token_hex(8)
+    context.state[STATE_META] = ConfigRecord({"version": version})
+    client, returns, _ = _CLIENTS[key]
+    _CLIENTS[key] = (client, returns, version)
 
 class FedAvgDQN:
     """Registry entry ``dqn``."""
@@ -163,6 +194,7 @@ class FedAvgDQN:
         client, returns = node_client(context, cfg)
         client.set_parameters(unpack(arrays[C.NETWORK], _shapes(cfg)), 0)
         returns.extend(client.collect_and_train(cfg.episodes_per_round)[0].tolist())
+        _save_version(context, cfg)
         metrics: Metrics = {C.NUM_TRANSITIONS: int(client.transitions[0]),
                             TRAIN_RETURN_LAST100: float(np.mean(returns[-100:]))}
         return {C.NETWORK: pack(client.get_parameters(0))}, metrics

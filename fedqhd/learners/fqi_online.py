@@ -20,17 +20,23 @@ its own readout and evaluates it) and ``strategy = "truncate"``
 heterogeneous encoders, and continues from the truncated average in its first
 rows). Under both, every client evaluates its own policy each round.
 
-The buffer lives in the process that serves the node (as the offline learner's
-encoded shard does); a node whose process restarts starts a new buffer.
+A node's state (buffer rows and statistics, counters, readout, episode returns, RNG
+state, the last compiled teacher's digest) lives in its ``context.state``, written after
+every train message with a new version token: Flower's Ray actor pool serves a node's
+messages from whichever actor is free, and only the node's Context follows the node.
+Each process keeps the client it last served as a cache, used only while its version
+is the Context's; otherwise the client is rebuilt from ``context.state`` (features
+re-encoded from the rows, statistics copied), the same numbers bit for bit.
 """
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 
 from fedqhd.config import RunConfig
 from fedqhd.data.partition import partition_settings
@@ -50,31 +56,79 @@ from fedqhd.strategies.truncate import with_head
 
 TRAIN_RETURN_LAST100 = "train-return-last100"  #: reply and round metric (the paper's metric)
 
-_CLIENTS: dict[tuple[Any, ...], tuple[OnlineClient, dict[str, Any]]] = {}
+STATE_ARRAYS = "fedqhd-online"  #: context.state ArrayRecord: the client's snapshot arrays
+STATE_META = "fedqhd-online-meta"  #: context.state ConfigRecord: its scalars and version
+_TEACHER_KEYS = ("teacher-digest", "projection-residual")  # cache entries that are state
+
+#: this process's clients by (run, partition, partitions, config): a speed-up only, valid
+#: while its version token equals the one in the node's context.state
+_CLIENTS: dict[tuple[Any, ...], tuple[OnlineClient, dict[str, Any], str]] = {}
+
+
+def _client_key(context: Context, cfg: RunConfig) -> tuple[Any, ...]:
+    pid, n_parts = partition(context)
+    return (context.run_id, pid, n_parts, cfg)
+
+
+def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, dict[str, Any]]:
+    """A fresh client of partition ``pid`` (empty buffer, zero readout) and its cache."""
+    encoder = client_encoder(cfg, pid)
+    dynamics = partition_settings(cfg.partition, pid, n_parts, cfg.seed,
+                                  env_id=cfg.env_id)["dynamics"]
+    dim = int(encoder.omega_.shape[1])
+    capacity = cfg.online_capacity or default_capacity(dim)
+    client = OnlineClient(cfg.env_id, encoder, gamma=cfg.gamma, ridge=cfg.ridge,
+                          proximal=cfg.proximal, action_gap=cfg.online_action_gap,
+                          fuse=cfg.online_fuse, n_step=cfg.online_n_step,
+                          tail=cfg.online_tail,
+                          capacity=capacity,
+                          per_episode=cfg.online_per_episode,
+                          n_parallel=cfg.episodes_per_round,
+                          seed=shard_seed(cfg.seed, pid), dynamics=dynamics or None)
+    return client, {"dynamics": dynamics}
+
+
+def state_version(context: Context) -> str:
+    """The version token of the node's online state ("" before its first message)."""
+    if STATE_META not in context.state:
+        return ""
+    return str(context.state[STATE_META]["version"])  # type: ignore[index]
 
 
 def node_client(context: Context, cfg: RunConfig) -> tuple[OnlineClient, dict[str, Any]]:
-    """This node's online client (built on first use in this process) and its anchor cache."""
-    pid, n_parts = partition(context)
-    key = (context.run_id, pid, n_parts, cfg)
-    if key not in _CLIENTS:
-        encoder = client_encoder(cfg, pid)
-        dynamics = partition_settings(cfg.partition, pid, n_parts, cfg.seed,
-                                      env_id=cfg.env_id)["dynamics"]
-        dim = int(encoder.omega_.shape[1])
-        capacity = cfg.online_capacity or default_capacity(dim)
-        client = OnlineClient(cfg.env_id, encoder, gamma=cfg.gamma, ridge=cfg.ridge,
-                              proximal=cfg.proximal, action_gap=cfg.online_action_gap,
-                              fuse=cfg.online_fuse, n_step=cfg.online_n_step,
-                              tail=cfg.online_tail,
-                              capacity=capacity,
-                              per_episode=cfg.online_per_episode,
-                              n_parallel=cfg.episodes_per_round,
-                              seed=shard_seed(cfg.seed, pid), dynamics=dynamics or None)
-        for stale in [k for k in _CLIENTS if k[0] != context.run_id or k[3] != cfg]:
-            del _CLIENTS[stale]
-        _CLIENTS[key] = (client, {"dynamics": dynamics})
-    return _CLIENTS[key]
+    """This node's online client and its anchor cache: this process's copy when it is the
+    version in ``context.state``, else rebuilt from ``context.state`` (fresh if empty)."""
+    key = _client_key(context, cfg)
+    version = state_version(context)
+    cached = _CLIENTS.get(key)
+    if cached is not None and cached[2] == version:
+        return cached[0], cached[1]
+    client, cache = _new_client(cfg, key[1], key[2])
+    if version:
+        meta = dict(context.state[STATE_META])  # type: ignore[arg-type]
+        client.restore(C.from_array_record(context.state[STATE_ARRAYS]),  # type: ignore[arg-type]
+                       meta)
+        cache.update({k: meta[k] for k in _TEACHER_KEYS if k in meta})
+    for stale in [k for k in _CLIENTS if k[0] != context.run_id or k[3] != cfg]:
+        del _CLIENTS[stale]
+    _CLIENTS[key] = (client, cache, version)
+    return client, cache
+
+
+def save_node(context: Context, cfg: RunConfig, client: OnlineClient,
+              cache: dict[str, Any]) -> None:
+    """Write the client into ``context.state`` under a new version token (a counter and
+    a random tag: a process whose earlier write was discarded cannot match a later
+    write of another process) and mark this process's copy as that version."""
+    arrays, scalars = client.snapshot()
+    counter = (int(context.state[STATE_META]["counter"]) + 1  # type: ignore[index,arg-type]
+               if STATE_META in context.state else 1)
+    version = f"{counter}-{secrets.token_hex(8)}"
+    scalars.update({"counter": counter, "version": version},
+                   **{k: cache[k] for k in _TEACHER_KEYS if k in cache})
+    context.state[STATE_ARRAYS] = C.to_array_record(arrays)
+    context.state[STATE_META] = ConfigRecord(scalars)
+    _CLIENTS[_client_key(context, cfg)] = (client, cache, version)
 
 
 def _anchor_features(client: OnlineClient, cache: dict[str, Any],
@@ -201,6 +255,7 @@ class FQIOnline(FQI):
         client.gamma = discount_schedule(cfg.gamma, cfg.online_gamma_final,
                                          cfg.online_gamma_ramp)(done + k)
         client.fit(cfg.local_iterations, init=start, prior=start)
+        save_node(context, cfg, client, cache)
         metrics.update({C.NUM_TRANSITIONS: client.n_transitions,
                         TRAIN_RETURN_LAST100: float(np.mean(client.episode_returns[-100:]))})
         strategy = cfg.resolved_strategy
@@ -217,6 +272,8 @@ class FQIOnline(FQI):
     def evaluate(self, context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
         client, cache = node_client(context, cfg)
         metrics: Metrics = {C.NUM_TRANSITIONS: max(client.n_transitions, 1)}
+        # not saved: what _adopt changes here, the next train redoes from the same arrays
+        # (a teacher compiled here or there, once), and evaluation draws no client RNG
         _adopt(client, cache, arrays, cfg, metrics)
         returns = greedy_return(cfg, client.encoder, client.readout,
                                 party=partition(context)[0], dynamics=cache["dynamics"])
