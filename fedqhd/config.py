@@ -394,7 +394,8 @@ class RunConfig:
             raise ConfigError(
                 f"run-config key 'resume-from' needs 'learner' = 'fqi' and 'protocol' = "
                 f"'offline', got {self.learner!r} and {self.protocol!r}: "
-                + ("online clients' buffers live only in their processes"
+                + ("online clients' buffers live in their node states, which the server's "
+                   "checkpoint does not hold"
                    if self.protocol == "online" else
                    "a POOL client's release lives only in its node state, and releasing "
                    "again would spend its privacy budget again"))
