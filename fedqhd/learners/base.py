@@ -101,6 +101,12 @@ class Learner(Protocol):
         """A client's evaluation of the global model: the reply's metrics."""
 
 
+def reply_counts_text(row: dict[str, Any]) -> str:
+    """The reply counts that end a round's log line."""
+    return (f"replies ok {row.get(C.REPLIES_OK, 0)} failed {row.get(C.REPLIES_FAILED, 0)} "
+            f"rejected {row.get(C.REPLIES_REJECTED, 0)}")
+
+
 def greedy_final_line(final: dict[str, Any]) -> str:
     """The end-of-run log line of learners whose ``final`` is a greedy return."""
     nan = float("nan")

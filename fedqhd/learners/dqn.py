@@ -44,6 +44,7 @@ from fedqhd.learners.base import (
     env_problem,
     greedy_final_line,
     partition,
+    reply_counts_text,
 )
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, with_train_return
 from fedqhd.seeding import SERVER, evaluation_seed
@@ -178,8 +179,7 @@ class FedAvgDQN:
         nan = float("nan")
         return (f"train return (last 100) {row.get(TRAIN_RETURN_LAST100, nan):.1f} | greedy "
                 f"return {row.get(C.RETURN_MEAN, nan):.1f} +- {row.get(C.RETURN_STD, nan):.1f} "
-                f"| replies ok {row.get(C.REPLIES_OK, 0)} failed {row.get(C.REPLIES_FAILED, 0)} "
-                f"rejected {row.get(C.REPLIES_REJECTED, 0)}")
+                f"| {reply_counts_text(row)}")
 
     def final_report(self, plan: ServerPlan, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None

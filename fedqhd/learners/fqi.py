@@ -43,6 +43,7 @@ from fedqhd.learners.base import (
     env_problem,
     greedy_final_line,
     partition,
+    reply_counts_text,
 )
 from fedqhd.learners.cache import BoundedCache
 from fedqhd.memory import GIB, FitMemoryError, available_memory, fit_memory, format_bytes
@@ -468,9 +469,8 @@ class FQI:
         residual = (f" | bellman residual {row[C.BELLMAN_RESIDUAL]:.3g}"
                     if C.BELLMAN_RESIDUAL in row else "")
         return (f"return {row.get(C.RETURN_MEAN, float('nan')):.1f} +- "
-                f"{row.get(C.RETURN_STD, float('nan')):.1f}{residual}{gap} | replies ok "
-                f"{row.get(C.REPLIES_OK, 0)} failed {row.get(C.REPLIES_FAILED, 0)} rejected "
-                f"{row.get(C.REPLIES_REJECTED, 0)}")
+                f"{row.get(C.RETURN_STD, float('nan')):.1f}{residual}{gap} | "
+                f"{reply_counts_text(row)}")
 
     def final_report(self, plan: ServerPlan, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
