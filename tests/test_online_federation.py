@@ -103,6 +103,32 @@ def test_run_online_defaults_are_the_table(monkeypatch):
         assert seen["capacity"] == (table.get("capacity") or online.default_capacity(dim))
 
 
+
+def test_a_tasks_heterogeneous_overrides_reach_only_heterogeneous_clients(monkeypatch):
+    """An entry's ``heterogeneous`` dict (Acrobot's proximal, LunarLander's ridge) changes
+    the heterogeneous clients' settings and leaves the shared ones at the entry's values."""
+    seen: dict = {}
+
+    def fake_init(self, env_id, encoder, **kw):
+        seen.update(kw)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(online.OnlineClient, "__init__", fake_init)
+    tasks = [e for e, t in ONLINE_SETTINGS.items() if t.get("heterogeneous")]
+    assert {"Acrobot-v1", "LunarLander-v3"} <= set(tasks)
+    for env_id in tasks:
+        entry = ONLINE_SETTINGS[env_id]
+        for encoder in ("shared", "heterogeneous"):
+            with pytest.raises(RuntimeError, match="stop"):
+                online.run_online(env_id, encoder=encoder)
+            for key, value in entry["heterogeneous"].items():
+                if key not in ("ridge", "proximal", "gamma"):  # others are renamed
+                    continue
+                want = value if encoder == "heterogeneous" else entry[key]
+                assert seen[key] == want, (env_id, encoder, key)
+    assert ONLINE_SETTINGS["LunarLander-v3"]["ridge"] != (
+        ONLINE_SETTINGS["LunarLander-v3"]["heterogeneous"]["ridge"])
+
 def test_a_tasks_capacity_key_sizes_every_clients_buffer(monkeypatch):
     """The table's ``capacity`` replaces ``min(20000, 1e7 / D_i)`` for every client, in
     run_online and in the Flower app's config; an explicit argument still wins."""
