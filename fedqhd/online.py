@@ -637,11 +637,14 @@ class OnlineClient:
         (``toward_own``) or zero. Returns the residual ``||X W - T||_F``."""
         x = anchor_features.astype(np.float64)
         w0 = self.readout if toward_own else np.zeros_like(self.readout)
-        key = (id(anchor_features), anchor_features.shape, float(ridge))
-        if getattr(self, "_anchor_key", None) != key:  # factor once per anchor set
+        # factor once per anchor set: the key holds the array itself, not its id(), which
+        # a new array may reuse once the old one is freed
+        key = getattr(self, "_anchor_key", None)
+        if key is None or key[0] is not anchor_features or key[1] != float(ridge):
             k = x @ x.T
             k[np.diag_indices_from(k)] += ridge
-            self._anchor_factor, self._anchor_key = cho_factor(k, lower=True), key
+            self._anchor_factor = cho_factor(k, lower=True)
+            self._anchor_key = (anchor_features, float(ridge))
         resid = teacher - x @ w0
         self.readout = w0 + x.T @ cho_solve(self._anchor_factor, resid)
         return float(np.linalg.norm(x @ self.readout - teacher))

@@ -190,3 +190,25 @@ def test_per_episode_quota_keeps_the_tail_of_failed_episodes():
         assert (ep[keep] == 0).sum() == 4 and (ep[keep] == 1).sum() == 4
     plain = _per_episode_subsample(ep, 4, np.random.default_rng(0))
     assert (ep[plain] == 1).sum() == 4
+
+
+def test_compile_refactors_for_new_anchor_features_even_at_a_reused_address():
+    """The anchor factor is keyed by the features array itself: a new array that CPython
+    places at a freed array's address (same ``id``, which it does here when the client
+    holds no reference to the old one) must not reuse the old factor."""
+    cl = _client("primal", capacity=100)
+    rng = np.random.default_rng(0)
+    teacher = rng.normal(size=(30, 2))
+    for _ in range(20):
+        old = rng.normal(size=(30, cl.readout.shape[0])).astype(np.float32)
+        cl.readout = np.zeros_like(cl.readout)
+        cl.compile(old, teacher, 1.0)
+        values = rng.normal(size=(30, cl.readout.shape[0])).astype(np.float32)
+        del old
+        new = values.copy()  # one new array object: CPython tends to reuse old's address
+        cl.readout = np.zeros_like(cl.readout)
+        cl.compile(new, teacher, 1.0)
+        fresh = _client("primal", capacity=100)
+        fresh.readout = np.zeros_like(fresh.readout)
+        fresh.compile(new, teacher, 1.0)
+        np.testing.assert_allclose(cl.readout, fresh.readout, rtol=1e-10, atol=1e-12)
