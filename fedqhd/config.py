@@ -72,9 +72,15 @@ class ConfigError(ValueError):
     """A run-config key has a bad value; the message names the key and the valid range."""
 
 
+def _floats(text: Any) -> tuple[float, ...]:
+    """Comma-separated numbers as a tuple (empty text: none); ``ValueError`` otherwise."""
+    text = str(text).strip()
+    return tuple(float(x) for x in text.split(",")) if text else ()
+
+
 def _float_list(v: Any) -> str | None:
     try:
-        values = [float(x) for x in str(v).split(",")] if str(v).strip() else []
+        values = list(_floats(v))
     except ValueError:
         values = [-1.0]
     ok = all(math.isfinite(x) and x > 0 for x in values)
@@ -428,8 +434,7 @@ class RunConfig:
     @property
     def obs_scale(self) -> tuple[float, ...]:
         """``online-obs-scale`` as numbers (empty: none)."""
-        text = self.online_obs_scale.strip()
-        return tuple(float(x) for x in text.split(",")) if text else ()
+        return _floats(self.online_obs_scale)
 
     @property
     def resolved_strategy(self) -> str:
