@@ -10,7 +10,7 @@ to rounding.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
@@ -75,6 +75,53 @@ class GramSystems:
         if prior is not None and self.proximal:
             b += self.proximal * np.asarray(prior, dtype=np.float64)
         return np.stack([solve(b[:, a]) for a, solve in enumerate(self._solvers)], axis=1)
+
+
+#: one action's factored proximal ridge system: (mu, ridge + mu, b -> (G + (ridge + mu) I)^-1 b)
+PrimalSystem = tuple[float, float, Solver]
+
+
+def primal_system(gram: np.ndarray, ridge: float, mu: float) -> PrimalSystem:
+    """One action's proximal ridge system ``G + (ridge + mu) I``, Cholesky-factored once:
+    ``(mu, ridge + mu, solver)``, what :func:`proximal_solve` takes. The online learner
+    (:meth:`fedqhd.online.OnlineClient.fit`), the bench's pooled oracle and the app's
+    (:class:`~fedqhd.strategies.FedQHDPooled`) all factor here, so their readouts agree bit
+    for bit where scipy is installed (its lower factor reads ``G``'s lower triangle);
+    without scipy, numpy's factor gives the same solution to rounding."""
+    c = float(ridge) + float(mu)
+    try:
+        from scipy.linalg import cho_factor, cho_solve
+    except ImportError:  # the light install
+        return float(mu), c, _numpy_solver(np.asarray(gram).T, c)  # its upper = G's lower
+    g = np.array(gram, dtype=np.float64)
+    g[np.diag_indices_from(g)] += c
+    factor = cho_factor(g, lower=True, check_finite=False)
+    return float(mu), c, partial(cho_solve, factor, check_finite=False)
+
+
+def proximal_solve(system: PrimalSystem, rhs: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """One action's readout ``(G + (ridge + mu) I)^-1 (rhs + mu prior)`` from its
+    factored system: ridge toward zero, proximal pull ``mu`` toward ``prior``."""
+    mu, c, solve = system
+    return solve(rhs + c * ((mu / c) * prior))
+
+
+def pooled_systems(grams: Sequence[np.ndarray], action_counts: np.ndarray, ridge: float,
+                   proximal: float) -> list[PrimalSystem]:
+    """The pooled oracle's per-action systems from the parties' per-action Grams
+    ``(|A|, D, D)`` (summed in the order given) and the pooled transitions per action:
+    the proximal pull of action ``a`` is ``proximal * action_counts[a]`` (per pooled
+    transition, as each online client counts its own)."""
+    counts = np.asarray(action_counts, dtype=np.float64)
+    return [primal_system(sum(g[a] for g in grams), ridge, proximal * float(counts[a]))
+            for a in range(len(counts))]
+
+
+def pooled_solve(systems: Sequence[PrimalSystem], rhs: np.ndarray, prior: np.ndarray
+                 ) -> np.ndarray:
+    """One pooled sweep's readout ``(D, |A|)`` from the summed ``rhs = [Phi_a^T y_a]_a``."""
+    return np.stack([proximal_solve(system, rhs[:, a], prior[:, a])
+                     for a, system in enumerate(systems)], axis=1)
 
 
 def _numpy_solver(gram: np.ndarray, shift: float) -> Solver:

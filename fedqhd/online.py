@@ -46,6 +46,12 @@ from fedqhd.encoders import (
     shared_encoder_params,
 )
 from fedqhd.envs import get_spec, make_env, validate_dynamics
+from fedqhd.gram import (
+    pooled_solve,
+    pooled_systems,
+    primal_system,
+    proximal_solve,
+)
 from fedqhd.readout import bellman_targets, value_range
 from fedqhd.seeding import online_client_rng, shard_seed
 from fedqhd.strategies.truncate import truncated_mean, with_head
@@ -519,17 +525,35 @@ class OnlineClient:
 
     # ----------------------------------------------------------------- fitting
 
-    def targets(self, readout: np.ndarray) -> np.ndarray:
-        """Bellman targets of the buffer under ``readout``, clipped to the value range."""
+    def targets(self, readout: np.ndarray,
+                reward_range: tuple[float, float] | None = None) -> np.ndarray:
+        """Bellman targets of the buffer under ``readout``, clipped to the value range of
+        ``reward_range`` (default: this buffer's rewards' [min, max])."""
         n = self.size
         best = (self.next_features[:n] @ readout.astype(np.float32)).max(axis=1)
-        q_range = value_range(np.array([self.r_min, self.r_max]), self.gamma)
+        lo, hi = (self.r_min, self.r_max) if reward_range is None else reward_range
+        q_range = value_range(np.array([lo, hi]), self.gamma)
         y = bellman_targets(self.rewards[:n], self.continues[:n], best, self.gamma, q_range)
         if self.action_gap:
             q = np.clip(self.features[:n] @ readout.astype(np.float32), *q_range)
             gap = q.max(axis=1) - q[np.arange(n), self.actions[:n]]
             y = np.clip(y - self.action_gap * gap, *q_range)
         return y
+
+    def action_counts(self) -> np.ndarray:
+        """Transitions per action in the buffer (the pooled oracle's proximal weights)."""
+        return np.bincount(self.actions[:self.size], minlength=self.n_actions)
+
+    def pooled_rhs(self, readout: np.ndarray, reward_range: tuple[float, float]
+                   ) -> np.ndarray:
+        """``Phi_a^T y_a`` per action ``(D, |A|)`` of this buffer for the targets of
+        ``readout`` kept in the value range of the pooled rewards' ``reward_range``: this
+        client's share of one pooled sweep (:func:`pooled_fit`, and the app's
+        ``strategy = "pooled"``, which sends only this and the Gram, never the rows)."""
+        n = self.size
+        onehot = np.zeros((n, self.n_actions), dtype=np.float32)
+        onehot[np.arange(n), self.actions[:n]] = 1.0
+        return primal_rhs(self.features[:n], onehot, self.targets(readout, reward_range))
 
     def fit(self, sweeps: int, init: np.ndarray | None = None,
             prior: np.ndarray | None = None) -> np.ndarray:
@@ -845,25 +869,9 @@ def truncate_average(readouts: Sequence[np.ndarray], weights: Sequence[float] | 
     return [with_head(r, head) for r in readouts]
 
 
-def primal_system(gram: np.ndarray, ridge: float, mu: float) -> tuple[float, float, Any]:
-    """One action's proximal ridge system ``(G + (ridge + mu) I)``, Cholesky-factored:
-    ``(mu, ridge + mu, factor)``, what :func:`proximal_solve` takes."""
-    c = ridge + mu
-    g = gram.copy()
-    g[np.diag_indices_from(g)] += c
-    return mu, c, cho_factor(g, lower=True, check_finite=False)
-
-
 def primal_rhs(features: np.ndarray, onehot: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``Phi^T y`` per action (float32 products accumulated as float64)."""
     return (features.T @ (onehot * y[:, None].astype(np.float32))).astype(np.float64)
-
-
-def proximal_solve(system: tuple[float, float, Any], rhs: np.ndarray,
-                   prior: np.ndarray) -> np.ndarray:
-    """One action's readout from its factored system, pulled toward ``prior``."""
-    mu, c, fac = system
-    return cho_solve(fac, rhs + c * ((mu / c) * prior), check_finite=False)
 
 
 def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray | None = None,
@@ -874,9 +882,12 @@ def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray | 
     summed, each sweep's targets are built per client under the one readout and their
     right-hand sides summed, and the proximal pull toward ``prior`` counts the pooled
     transitions of the action (as :meth:`OnlineClient.fit` counts its own). Clients must
-    share one encoder and settings, with primal statistics (``D <= capacity``); their
-    reward ranges are widened to the union (the one learner's value range). ``init``
-    defaults to zeros, ``prior`` to ``init``."""
+    share one encoder and settings, with primal statistics (``D <= capacity``); the
+    targets are kept in the value range of the union of their rewards (the one
+    learner's). ``init`` defaults to zeros, ``prior`` to ``init``. The arithmetic
+    (:func:`fedqhd.gram.pooled_systems`, :meth:`OnlineClient.pooled_rhs`,
+    :func:`fedqhd.gram.pooled_solve`) is the Flower app's ``strategy = "pooled"``'s, which
+    exchanges the same statistics as messages."""
     if not clients:
         raise ValueError("need at least one client")
     first = clients[0]
@@ -894,28 +905,17 @@ def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray | 
     live = [cl for cl in clients if cl.size]
     if not live or sweeps <= 0:
         return readout
-    lo, hi = min(cl.r_min for cl in live), max(cl.r_max for cl in live)
-    for cl in live:
-        cl.r_min, cl.r_max = lo, hi
-    n_act = first.n_actions
-    counts = np.zeros(n_act)
-    for cl in live:
-        counts += np.bincount(cl.actions[:cl.size], minlength=n_act)
+    reward_range = (min(cl.r_min for cl in live), max(cl.r_max for cl in live))
+    counts = sum(cl.action_counts() for cl in live)
     with first.timer("factor"):
-        systems = [primal_system(sum(cl.gram[a] for cl in live), first.ridge,
-                                 first.proximal * float(counts[a])) for a in range(n_act)]
-    onehots = []
-    for cl in live:
-        onehot = np.zeros((cl.size, n_act), dtype=np.float32)
-        onehot[np.arange(cl.size), cl.actions[:cl.size]] = 1.0
-        onehots.append(onehot)
+        systems = pooled_systems([cl.gram for cl in live], counts, first.ridge,
+                                 first.proximal)
     with first.timer("sweeps"):
         for _ in range(sweeps):
             rhs = np.zeros_like(readout)
-            for cl, onehot in zip(live, onehots, strict=True):
-                rhs += primal_rhs(cl.features[:cl.size], onehot, cl.targets(readout))
-            readout = np.stack([proximal_solve(system, rhs[:, a], prior[:, a])
-                                for a, system in enumerate(systems)], axis=1)
+            for cl in live:
+                rhs += cl.pooled_rhs(readout, reward_range)
+            readout = pooled_solve(systems, rhs, prior)
     return readout
 
 
