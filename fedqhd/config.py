@@ -24,7 +24,7 @@ from fedqhd.envs import env_ids, get_spec, is_registered, load_env_modules
 from fedqhd.envs.inventory import DEMANDS as POOL_DEMANDS
 from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
 from fedqhd.learners import get_learner, learner_names
-from fedqhd.online import ONLINE_SETTINGS, online_settings
+from fedqhd.online import ONLINE_SETTINGS, default_capacity, online_settings
 from fedqhd.pool.api import ZONINGS as POOL_ZONINGS
 from fedqhd.pool.learner import KERNELS
 from fedqhd.privacy.noise import NOISE_KINDS
@@ -36,10 +36,11 @@ POOL_KERNELS = ("auto", *KERNELS)  #: run-config pool-kernel; auto: shared on po
 #: the function-space strategy: auto (avg for a shared encoder, else anchor), avg, anchor,
 #: exact (pooled ridge FQI from sufficient statistics; shared encoder, fqi, offline), and the
 #: FedQHD paper's baselines (fqi, online): none (independent learners, never aggregated),
-#: truncate (truncate-and-average of readouts of different D_i)
-STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor", "exact", "none", "truncate")
+#: truncate (truncate-and-average of readouts of different D_i), pooled (the pooled-data
+#: oracle: ridge FQI on the union of the buffers, from sufficient statistics; shared encoder)
+STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor", "exact", "none", "truncate", "pooled")
 #: strategies that exist only as the paper's online baselines
-BASELINE_STRATEGIES: tuple[str, ...] = ("none", "truncate")
+BASELINE_STRATEGIES: tuple[str, ...] = ("none", "truncate", "pooled")
 #: how FedQHDAvg clients update: one consensus-ADMM step (fixed point = pooled FQI) or
 #: local sweeps pulled toward the global readout
 CLIENT_UPDATES: tuple[str, ...] = ("admm", "proximal")
@@ -382,6 +383,8 @@ class RunConfig:
                               "the FedQHD paper's online protocol) needs 'learner' = 'fqi' and "
                               f"'protocol' = 'online', got {self.learner!r} and "
                               f"{self.protocol!r}")
+        if self.strategy == "pooled":
+            self._check_pooled()
         if self.protocol == "online" and self.learner not in ("fqi", "dqn"):
             raise ConfigError(f"run-config key 'protocol' = 'online' needs 'learner' = 'fqi' "
                               f"or 'dqn', got {self.learner!r}")
@@ -412,6 +415,30 @@ class RunConfig:
             raise ConfigError("run-config key 'anchor-file' must name a .npy or .npz file when "
                               "'anchor-source' = 'file'")
 
+    def _check_pooled(self) -> None:
+        """The pooled oracle sums the statistics of one feature space, of every client, in
+        primal form (per-action Grams, D x D)."""
+        if self.encoder != "shared":
+            raise ConfigError("run-config key 'strategy' = 'pooled' (the pooled-data oracle) "
+                              "needs 'encoder' = 'shared': the statistics of different "
+                              f"encoders cannot be summed, got {self.encoder!r}")
+        if self.fraction_train != 1.0:
+            raise ConfigError("run-config key 'strategy' = 'pooled' needs 'fraction-train' = "
+                              "1 (the oracle pools every client's buffer), got "
+                              f"{self.fraction_train}")
+        if self.aggregation != "mean":
+            raise ConfigError("run-config key 'strategy' = 'pooled' sums sufficient "
+                              "statistics exactly: 'aggregation' must be 'mean', got "
+                              f"{self.aggregation!r}")
+        if self.online_fuse:
+            raise ConfigError("run-config key 'strategy' = 'pooled' needs 'online-fuse' = 0 "
+                              f"(the oracle fits every action alone), got {self.online_fuse}")
+        capacity = self.online_capacity or default_capacity(self.hd_dim)
+        if self.hd_dim > capacity:
+            raise ConfigError(f"run-config key 'strategy' = 'pooled' needs 'hd-dim' <= the "
+                              f"buffer's capacity (primal Grams), got hd-dim {self.hd_dim} "
+                              f"and capacity {capacity} (online-capacity)")
+
     def _set_auto(self, table: Mapping[str, Any], fields_: tuple[tuple[str, str], ...]
                   ) -> None:
         """Take an online settings table: ``fields_`` (field, table key), the epsilon
@@ -438,8 +465,8 @@ class RunConfig:
 
     @property
     def resolved_strategy(self) -> str:
-        """``avg``, ``anchor``, ``exact``, ``none`` or ``truncate`` after resolving
-        ``auto``."""
+        """``avg``, ``anchor``, ``exact``, ``none``, ``truncate`` or ``pooled`` after
+        resolving ``auto``."""
         if self.strategy != "auto":
             return self.strategy
         if self.learner == "pool":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -106,10 +107,12 @@ def proximal_solve(system: PrimalSystem, rhs: np.ndarray, prior: np.ndarray) -> 
     return solve(rhs + c * ((mu / c) * prior))
 
 
-def pooled_systems(grams: Sequence[np.ndarray], action_counts: np.ndarray, ridge: float,
+def pooled_systems(grams: Sequence[Any], action_counts: np.ndarray, ridge: float,
                    proximal: float) -> list[PrimalSystem]:
-    """The pooled oracle's per-action systems from the parties' per-action Grams
-    ``(|A|, D, D)`` (summed in the order given) and the pooled transitions per action:
+    """The pooled oracle's per-action systems from the parties' per-action Grams (each
+    party's ``[a]`` is its ``D x D`` Gram of action ``a``: an ``(|A|, D, D)`` array, or
+    the server's packed copy; summed in the order given) and the pooled transitions per
+    action:
     the proximal pull of action ``a`` is ``proximal * action_counts[a]`` (per pooled
     transition, as each online client counts its own)."""
     counts = np.asarray(action_counts, dtype=np.float64)

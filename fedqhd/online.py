@@ -571,7 +571,7 @@ class OnlineClient:
         if self.fuse > 0 and self.form == "primal":
             return self._fit_fused(sweeps, readout, prior, rows)
         with self.timer("factor"):
-            systems = []
+            systems: list[tuple[float, float, Any]] = []
             for a in range(self.n_actions):
                 mu = self.proximal * len(rows[a])
                 c = self.ridge + mu
@@ -906,7 +906,7 @@ def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray | 
     if not live or sweeps <= 0:
         return readout
     reward_range = (min(cl.r_min for cl in live), max(cl.r_max for cl in live))
-    counts = sum(cl.action_counts() for cl in live)
+    counts = np.sum([cl.action_counts() for cl in live], axis=0)
     with first.timer("factor"):
         systems = pooled_systems([cl.gram for cl in live], counts, first.ridge,
                                  first.proximal)

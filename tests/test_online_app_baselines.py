@@ -1,6 +1,6 @@
-"""The paper's baselines in the Flower app (``strategy = "none"`` / ``"truncate"``, online
-protocol): the same numbers as the bench's in-process :func:`fedqhd.online.run_online`,
-and the two strategies on mock replies."""
+"""The paper's baselines in the Flower app (``strategy = "none"`` / ``"truncate"`` /
+``"pooled"``, online protocol): the same numbers as the bench's in-process
+:func:`fedqhd.online.run_online`, and the strategies on mock replies."""
 
 from __future__ import annotations
 
@@ -99,6 +99,72 @@ def test_app_fedqhd_anchor_equals_the_benchs_run(tmp_path, monkeypatch):
     for r in rounds:
         assert r[C.REPLIES_OK] == n and r[C.REPLIES_WEIGHT_CAPPED] == 0
         assert r[f"{C.EVALUATE_PREFIX}{C.REPLIES_OK}"] == n
+
+
+class RecordingGrid(InProcessGrid):
+    """An in-process grid that keeps, per message type, the array keys of every reply."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reply_keys: dict[str, set[str]] = {}
+
+    def _handle(self, msg: Message) -> Message:
+        reply = super()._handle(msg)
+        if not reply.has_error() and C.ARRAYS in reply.content:
+            self.reply_keys.setdefault(msg.metadata.message_type, set()).update(
+                reply.content[C.ARRAYS].keys())
+        return reply
+
+
+def test_app_pooled_oracle_equals_the_benchs_run_and_sends_only_statistics(tmp_path,
+                                                                           monkeypatch):
+    """``strategy = "pooled"`` in the app is the bench's ``run_online(aggregate="pooled")``:
+    the same global readout every round (Grams summed, sweeps' right-hand sides summed and
+    solved in the bench's order: bit for bit) and so the same curve; what clients send is
+    Grams, counts, reward ranges and one ``phi-y`` per sweep, never their rows."""
+    from fedqhd import online
+    from fedqhd.strategies import FedQHDPooled
+
+    n, rounds_n = 3, 4
+    app_w: list[np.ndarray] = []
+    real_aggregate = FedQHDPooled.aggregate_train
+
+    def spy_aggregate(self, server_round, replies):
+        arrays, metrics = real_aggregate(self, server_round, replies)
+        app_w.append(arrays[C.READOUT].numpy())
+        return arrays, metrics
+
+    monkeypatch.setattr(FedQHDPooled, "aggregate_train", spy_aggregate)
+    cfg = RunConfig.from_run_config({**KEYS, "strategy": "pooled", "encoder": "shared",
+                                     "num-server-rounds": rounds_n, "min-nodes": n,
+                                     "output-dir": str(tmp_path)})
+    grid = RecordingGrid([client_app] * n, run_config=cfg.to_run_config())
+    _, out = run_federation(grid, cfg)
+    rounds = json.loads((out / "results.json").read_text())["rounds"]
+    bench_w: list[np.ndarray] = []
+    real_fit = online.pooled_fit
+
+    def spy_fit(clients, sweeps, init=None, prior=None):
+        bench_w.append(real_fit(clients, sweeps, init, prior))
+        return bench_w[-1]
+
+    monkeypatch.setattr(online, "pooled_fit", spy_fit)
+    bench = run_online(n_clients=n, episodes=rounds_n * 20, greedy_episodes=1,
+                       **run_online_kwargs(cfg))
+    assert bench.aggregate == "pooled" and len(app_w) == len(bench_w) == rounds_n
+    for w_app, w_bench in zip(app_w, bench_w, strict=True):
+        np.testing.assert_array_equal(w_app, w_bench)
+    assert np.abs(app_w[-1]).max() > 0
+    app_curve = [r[TRAIN_RETURN_LAST100] for r in rounds]
+    bench_curve = [r["train-return-last100"] for r in bench.rounds]
+    np.testing.assert_allclose(app_curve, bench_curve, rtol=1e-9, atol=0)
+    assert bench_curve[-1] > bench_curve[0]
+    for r in rounds:  # every client pooled, 5 sweep exchanges, server-side evaluation
+        assert (r[C.REPLIES_OK], r[C.CLIENTS_AVERAGED], r[C.POOLED_SWEEPS],
+                r[C.POOLED_DROPPED]) == (n, n, 5, 0)
+        assert np.isfinite(r[C.RETURN_MEAN])
+    assert grid.reply_keys == {"train": {C.GRAM, C.ACTION_COUNTS, C.REWARD_RANGE},
+                               C.POOLED_SWEEP: {C.PHI_Y}}
 
 
 def test_baseline_strategies_need_fqi_online():
@@ -206,3 +272,122 @@ def test_truncate_under_node_sampling_never_fails_a_client(tmp_path, monkeypatch
         assert (r[C.REPLIES_OK], r[C.REPLIES_FAILED]) == (2, 0)
         assert (r[f"{C.EVALUATE_PREFIX}{C.REPLIES_OK}"],
                 r[f"{C.EVALUATE_PREFIX}{C.REPLIES_FAILED}"]) == (n, 0)
+
+
+class SweepGrid:
+    """A grid whose nodes are OnlineClients answering pooled sweeps (``fail``: node ->
+    the sweep index, 0-based, from which it replies an error)."""
+
+    def __init__(self, clients: dict, fail: dict | None = None) -> None:
+        from flwr.supercore.task_identity import TaskIdentity
+
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+        self.clients, self.fail, self.sweeps = clients, fail or {}, 0
+
+    def get_node_ids(self):
+        return list(self.clients)
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            assert msg.metadata.message_type == C.POOLED_SWEEP
+            sweep = int(msg.content[C.CONFIG]["sweep"])
+            if sweep >= self.fail.get(node, 10**9):
+                replies.append(_reply(node, error="sweep crashed"))
+                continue
+            arrays = C.from_array_record(msg.content[C.ARRAYS])
+            rhs = self.clients[node].pooled_rhs(arrays[C.READOUT], tuple(arrays[C.REWARD_RANGE]))
+            replies.append(_reply(node, {C.PHI_Y: rhs}, {C.NUM_TRANSITIONS: 1}))
+        self.sweeps += 1
+        return replies
+
+
+def _pooled_parties(n: int = 3):
+    """``n`` primal OnlineClients (one encoder, D = 30) holding different transitions."""
+    from fedqhd.encoders import HDEncoder
+    from fedqhd.envs import get_spec
+    from fedqhd.learners.fqi_online import pooled_statistics
+
+    rng = np.random.default_rng(3)
+    enc = HDEncoder(30, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
+    enc.fit(np.zeros((1, 4)))
+    clients = {}
+    for i, (size, lo, hi) in enumerate([(80, 0.0, 1.0), (120, -1.0, 0.5), (60, 0.2, 2.0)][:n]):
+        cl = OnlineClient("CartPole-v1", enc, gamma=0.9, ridge=0.5, proximal=0.05,
+                          capacity=1000, n_parallel=2, seed=i, form="primal")
+        cl.append(rng.uniform(-1, 1, (size, 4)), rng.integers(2, size=size),
+                  rng.uniform(lo, hi, size), rng.uniform(-1, 1, (size, 4)),
+                  rng.random(size) < 0.1)
+        clients[10 + i] = cl
+    replies = [_reply(node, pooled_statistics(cl),
+                      {C.NUM_TRANSITIONS: cl.size, C.PARTITION_ID: node - 10})
+               for node, cl in clients.items()]
+    return clients, replies[::-1]  # replies arrive out of client order
+
+
+def _pooled_round(grid, replies, readout, sweeps=3):
+    from flwr.app import ConfigRecord
+
+    from fedqhd.strategies import FedQHDPooled
+
+    strategy = FedQHDPooled(30, 2, ridge=0.5, proximal=0.05, sweeps=sweeps)
+    list(strategy.configure_train(1, C.to_array_record({C.READOUT: readout}), ConfigRecord(),
+                                  grid))
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    return (None if arrays is None else arrays[C.READOUT].numpy()), metrics
+
+
+def test_pooled_strategy_is_pooled_fit_and_drops_a_client_whose_sweep_fails():
+    from fedqhd.online import pooled_fit
+
+    clients, replies = _pooled_parties()
+    init = np.random.default_rng(0).normal(scale=30.0, size=(30, 2))  # the clip binds
+    got, metrics = _pooled_round(SweepGrid(clients), replies, init)
+    want = pooled_fit(list(clients.values()), 3, init=init, prior=init)
+    np.testing.assert_array_equal(got, want)  # the bench's arithmetic, bit for bit
+    assert (metrics[C.CLIENTS_AVERAGED], metrics[C.POOLED_SWEEPS],
+            metrics[C.POOLED_DROPPED]) == (3, 3, 0)
+    # node 11 fails its second sweep: the round restarts without it, so the readout is
+    # pooled FQI on the two others (2 exchanges lost, 3 run again)
+    grid = SweepGrid(clients, fail={11: 1})
+    got, metrics = _pooled_round(grid, replies, init)
+    want = pooled_fit([clients[10], clients[12]], 3, init=init, prior=init)
+    np.testing.assert_array_equal(got, want)
+    assert (metrics[C.CLIENTS_AVERAGED], metrics[C.POOLED_SWEEPS],
+            metrics[C.POOLED_DROPPED], metrics[C.REPLIES_OK]) == (2, 5, 1, 3)
+    # every client fails: no readout, the global one stays
+    got, metrics = _pooled_round(SweepGrid(clients, fail={10: 0, 11: 0, 12: 0}), replies, init)
+    assert got is None and metrics[C.CLIENTS_AVERAGED] == 0
+
+
+def test_pooled_strategy_refuses_malformed_statistics():
+    clients, replies = _pooled_parties(2)
+    bad = [_reply(20, {C.GRAM: np.zeros((2, 7)), C.ACTION_COUNTS: np.ones(2),
+                       C.REWARD_RANGE: np.zeros(2)}, {C.NUM_TRANSITIONS: 5}),
+           _reply(21, {**C.from_array_record(replies[0].content[C.ARRAYS]),
+                       C.REWARD_RANGE: np.array([1.0, -1.0])}, {C.NUM_TRANSITIONS: 5}),
+           _reply(22, {**C.from_array_record(replies[0].content[C.ARRAYS]),
+                       C.ACTION_COUNTS: np.array([-1.0, 2.0])}, {C.NUM_TRANSITIONS: 5}),
+           _reply(23, error="env crashed")]
+    got, metrics = _pooled_round(SweepGrid(clients), replies + bad, np.zeros((30, 2)))
+    from fedqhd.online import pooled_fit
+
+    np.testing.assert_array_equal(got, pooled_fit(list(clients.values()), 3))
+    assert (metrics[C.REPLIES_OK], metrics[C.REPLIES_REJECTED], metrics[C.REPLIES_FAILED],
+            metrics[C.CLIENTS_AVERAGED]) == (2, 3, 1, 2)
+
+
+def test_pooled_needs_one_shared_encoder_and_every_client():
+    base = {"protocol": "online", "strategy": "pooled"}
+    with pytest.raises(ConfigError, match="'strategy' = 'pooled'.*'encoder' = 'shared'"):
+        RunConfig.from_run_config({**base, "encoder": "heterogeneous"})
+    with pytest.raises(ConfigError, match="'fraction-train' = 1"):
+        RunConfig.from_run_config({**base, "fraction-train": 0.5})
+    with pytest.raises(ConfigError, match="'hd-dim' <= the buffer's capacity"):
+        RunConfig.from_run_config({**base, "online-settings": "manual", "hd-dim": 500,
+                                   "online-capacity": 400})
+    with pytest.raises(ConfigError, match="'strategy' = 'pooled'.*'protocol' = 'online'"):
+        RunConfig.from_run_config({"strategy": "pooled"})
+    cfg = RunConfig.from_run_config({**base, "env-id": "Acrobot-v1"})  # the table's D 1000
+    assert cfg.resolved_strategy == "pooled" and cfg.hd_dim == 1000

@@ -1,8 +1,9 @@
 """The fedqhd ClientApp: Flower handlers only; the run's learner does the work.
 
 Only what the learner returns leaves the client: for ``fqi`` a readout (shared
-encoder) or Q-values on the server's anchor states (heterogeneous encoders), for
-``pool`` values on anchor points computed from one noisy release. Each learner
+encoder) or Q-values on the server's anchor states (heterogeneous encoders), or, for
+the pooled oracle, sufficient statistics (per-action Grams, then ``Phi^T y`` per
+sweep), for ``pool`` values on anchor points computed from one noisy release. Each learner
 (:mod:`fedqhd.learners`) reads the node's private shard (node config
 ``data-dir``, else run config ``data-dir``, else generated from (seed,
 partition-id)) and keeps what it needs between rounds in ``context.state``.
@@ -64,6 +65,21 @@ def train(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
     arrays, metrics = get_learner(cfg.learner_key).train(context, cfg, _arrays(msg))
     return _reply(msg, arrays, {**metrics, C.BLAS_THREADS: threads})
+
+
+@app.train(C.POOLED_SWEEP_ACTION)
+def pooled_sweep(msg: Message, context: Context) -> Message:
+    """One sweep of the pooled-data oracle (``strategy = "pooled"``): the learner's
+    sufficient statistic for the server's readout (``phi-y``), never its rows."""
+    limit_client_threads()
+    cfg = run_config(context)
+    learner = get_learner(cfg.learner_key)
+    step = getattr(learner, "pooled_sweep", None)
+    if step is None:
+        raise ValueError(f"learner {cfg.learner_key!r} has no pooled sweep "
+                         "(strategy = 'pooled' needs learner = 'fqi', protocol = 'online')")
+    arrays, metrics = step(context, cfg, _arrays(msg))
+    return _reply(msg, arrays, metrics)
 
 
 @app.evaluate()

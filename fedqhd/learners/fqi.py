@@ -298,6 +298,19 @@ def greedy_return(cfg: RunConfig, encoder: HDEncoder, readout: np.ndarray, party
         cfg.eval_episodes, seed=evaluation_seed(cfg.seed, party), dynamics=dynamics or None)
 
 
+def readout_evaluator(cfg: RunConfig) -> Callable[[ArrayRecord], MetricRecord]:
+    """The server's evaluation of a global shared-encoder ``readout``: the greedy return
+    of ``eval-episodes`` episodes on the server's episode seeds."""
+    encoder = shared_encoder(cfg)
+
+    def evaluate(arrays: ArrayRecord) -> MetricRecord:
+        returns = greedy_return(cfg, encoder, arrays[C.READOUT].numpy())
+        return MetricRecord({C.RETURN_MEAN: float(returns.mean()),
+                             C.RETURN_STD: float(returns.std())})
+
+    return evaluate
+
+
 # ---------------------------------------------------------------- settings -> objects
 def encoder_scale(cfg: RunConfig) -> np.ndarray:
     """What the run's encoders divide observations by: the task's bounds, times
@@ -444,13 +457,7 @@ class FQI:
                                     **strategy_kwargs)
             return ServerPlan(strategy, strategy.initial_arrays(),
                               run_info={"anchors-shape": list(anchors.shape)})
-        encoder = shared_encoder(cfg)
-
-        def evaluate(arrays: ArrayRecord) -> MetricRecord:
-            returns = greedy_return(cfg, encoder, arrays[C.READOUT].numpy())
-            return MetricRecord({C.RETURN_MEAN: float(returns.mean()),
-                                 C.RETURN_STD: float(returns.std())})
-
+        evaluate = readout_evaluator(cfg)
         shape = [cfg.hd_dim, spec.n_actions]
         initial = C.to_array_record({C.READOUT: np.zeros(shape)})
         # the server evaluates a global readout itself: no federated evaluation rounds

@@ -42,7 +42,7 @@ from fedqhd.config import RunConfig
 from fedqhd.data.partition import partition_settings
 from fedqhd.envs import get_spec
 from fedqhd.learners.base import Arrays, Curves, Metrics, ServerPlan, partition
-from fedqhd.learners.fqi import FQI, client_encoder, greedy_return
+from fedqhd.learners.fqi import FQI, client_encoder, greedy_return, readout_evaluator
 from fedqhd.online import (
     OnlineClient,
     default_capacity,
@@ -50,7 +50,7 @@ from fedqhd.online import (
     epsilon_schedule,
 )
 from fedqhd.seeding import shard_seed
-from fedqhd.strategies import FedQHDIndependent, FedQHDTruncate
+from fedqhd.strategies import FedQHDIndependent, FedQHDPooled, FedQHDTruncate
 from fedqhd.strategies import contract as C
 from fedqhd.strategies.truncate import with_head
 
@@ -169,7 +169,8 @@ def _adopt(client: OnlineClient, cache: dict[str, Any], arrays: Arrays, cfg: Run
 
 #: the in-process bench's ``run_online(aggregate=...)`` of each app strategy
 BENCH_AGGREGATE: dict[str, str | None] = {"avg": "average", "anchor": "anchors",
-                                          "truncate": "truncate", "none": None}
+                                          "truncate": "truncate", "none": None,
+                                          "pooled": "pooled"}
 
 
 def run_online_kwargs(cfg: RunConfig) -> dict[str, Any]:
@@ -210,6 +211,19 @@ def with_train_return(plan: ServerPlan) -> ServerPlan:
     return ServerPlan(plan.strategy, plan.initial_arrays, evaluate, plan.run_info)
 
 
+def pooled_statistics(client: OnlineClient) -> Arrays:
+    """A FedQHDPooled train reply: the per-action Gram of the whole buffer, packed (its
+    lower triangle, the one the pooled Cholesky factor reads, so the server's system is
+    the bench's bit for bit), the buffer's transitions per action and its rewards'
+    [min, max]. Statistics only: no row of the buffer leaves the client."""
+    if client.form != "primal":
+        raise ValueError(f"the pooled oracle needs primal statistics: D = {client.dim} is "
+                         f"above the buffer's {client.capacity} slots")
+    return {C.GRAM: C.pack_upper(np.swapaxes(client.gram, 1, 2)),
+            C.ACTION_COUNTS: client.action_counts().astype(np.float64),
+            C.REWARD_RANGE: np.array([client.r_min, client.r_max])}
+
+
 class FQIOnline(FQI):
     """Registry entry ``fqi-online`` (run config ``learner = "fqi"``, ``protocol = "online"``)."""
 
@@ -226,6 +240,15 @@ class FQIOnline(FQI):
 
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
         baseline: FedQHDIndependent | FedQHDTruncate | None = None
+        if cfg.resolved_strategy == "pooled":  # one global readout, evaluated by the server
+            kwargs = {k: v for k, v in strategy_kwargs.items() if k != "min_evaluate_nodes"}
+            oracle = FedQHDPooled(cfg.hd_dim, get_spec(cfg.env_id).n_actions, cfg.ridge,
+                                  cfg.proximal, cfg.local_iterations,
+                                  sweep_timeout=cfg.round_timeout, **kwargs)
+            return with_train_return(ServerPlan(oracle, oracle.initial_arrays(),
+                                                readout_evaluator(cfg),
+                                                {"readout-shape": [cfg.hd_dim,
+                                                                   oracle.n_actions]}))
         if cfg.resolved_strategy == "none":
             baseline = FedQHDIndependent(fraction_evaluate=1.0, **strategy_kwargs)
         elif cfg.resolved_strategy == "truncate":
@@ -254,20 +277,36 @@ class FQIOnline(FQI):
         client.collect(k, schedule(np.arange(done, done + k)))
         client.gamma = discount_schedule(cfg.gamma, cfg.online_gamma_final,
                                          cfg.online_gamma_ramp)(done + k)
-        client.fit(cfg.local_iterations, init=start, prior=start)
+        strategy = cfg.resolved_strategy
+        if strategy != "pooled":  # the oracle's fit is the server's sweeps (pooled_sweep)
+            client.fit(cfg.local_iterations, init=start, prior=start)
         save_node(context, cfg, client, cache)
         metrics.update({C.NUM_TRANSITIONS: client.n_transitions,
                         TRAIN_RETURN_LAST100: float(np.mean(client.episode_returns[-100:]))})
-        strategy = cfg.resolved_strategy
-        if strategy in ("none", "truncate"):
+        if strategy in ("none", "truncate", "pooled"):
             # names the client: the server sums truncated readouts in partition order
             metrics[C.PARTITION_ID] = partition(context)[0]
         if strategy == "none":
             return None, metrics
+        if strategy == "pooled":
+            return pooled_statistics(client), metrics
         if strategy in ("avg", "truncate"):
             return {C.READOUT: client.readout}, metrics
         features = _anchor_features(client, cache, arrays[C.ANCHORS])
         return {C.Q_ANCHORS: features.astype(np.float64) @ client.readout}, metrics
+
+    def pooled_sweep(self, context: Context, cfg: RunConfig, arrays: Arrays
+                     ) -> tuple[Arrays, Metrics]:
+        """This client's share of one sweep of the pooled oracle (FedQHDPooled): ``Phi_a^T
+        y_a`` of its buffer for the targets of the server's ``readout``, kept in the value
+        range of the pooled ``reward-range``. Changes nothing in the client (not saved)."""
+        if cfg.resolved_strategy != "pooled":
+            raise ValueError(f"a pooled sweep request reached a client of strategy "
+                             f"{cfg.resolved_strategy!r}")
+        client, _ = node_client(context, cfg)
+        lo, hi = (float(v) for v in arrays[C.REWARD_RANGE])
+        rhs = client.pooled_rhs(np.asarray(arrays[C.READOUT], dtype=np.float64), (lo, hi))
+        return {C.PHI_Y: rhs}, {C.NUM_TRANSITIONS: client.n_transitions}
 
     def evaluate(self, context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
         client, cache = node_client(context, cfg)

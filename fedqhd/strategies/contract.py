@@ -48,7 +48,13 @@ GRAM = "gram"                    #: (|A|, D(D+1)/2) reply: packed upper triangle
 #                                   Gram of the client's transitions after the server's count
 PHI_Y = "phi-y"                  #: (D, |A|) reply: Phi_a^T y_a for the global readout's targets
 ACTION_COUNTS = "action-counts"  #: (|A|,) reply: the client's transitions per action
-REWARD_RANGE = "reward-range"    #: (2,) reply: [min, max] of the client's rewards
+REWARD_RANGE = "reward-range"    #: (2,) reply: [min, max] of the client's rewards; FedQHDPooled's
+#                                   sweep request: the pooled [min, max] the targets are kept in
+# FedQHDPooled (online pooled-data oracle, shared encoder; see pooled.py): the train reply holds
+# GRAM (all the client's buffer), ACTION_COUNTS and REWARD_RANGE; then each sweep of the round is
+# one message of this type carrying READOUT and REWARD_RANGE, answered with PHI_Y
+POOLED_SWEEP_ACTION = "pooled_sweep"  #: the ClientApp's ``@app.train(...)`` action of a sweep
+POOLED_SWEEP = f"train.{POOLED_SWEEP_ACTION}"  #: message type of a pooled sweep request
 LAST_REPLY = "last-reply"  #: (D, |A|) server -> client, first round after a resume only: the
 #                            client's latest accepted reply (FedQHDAvg aggregate="latest"), the
 #                            memory an ADMM client lost with its process
@@ -73,6 +79,9 @@ RETURN_STD = "return-std"                    #: evaluate reply: std of greedy re
 GRAM_THROUGH = "gram-through"                #: reply (exact): transitions its Grams now cover
 EXACT_CLIENTS = "exact-clients"              #: round (exact): clients in the pooled system
 EXACT_STALE = "exact-stale"                  #: round (exact): clients whose phi-y is an old one
+POOLED_SWEEPS = "pooled-sweeps"              #: round (pooled): sweep exchanges run (restarts too)
+POOLED_DROPPED = "pooled-dropped"            #: round (pooled): clients left out of the round's
+#                                               sweeps because a sweep reply failed or was refused
 VALUE_FLAGS = "value-flags"                  #: reply: fields of the client's shard flagged far
 #                                               outside the env's bounds (value-check = warn);
 #                                               round: their sum

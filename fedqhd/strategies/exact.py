@@ -46,7 +46,14 @@ from fedqhd.gram import GramSystems, pooled_value_range
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
-from .screening import ScreenedReplies, _check, decode_array, describe, reply_size
+from .screening import (
+    ScreenedReplies,
+    _check,
+    decode_array,
+    decode_reward_range,
+    describe,
+    reply_size,
+)
 
 
 class FedQHDExact(FunctionSpaceStrategy):
@@ -237,16 +244,10 @@ class FedQHDExact(FunctionSpaceStrategy):
                           ) -> tuple[str | None, np.ndarray | None, np.ndarray | None]:
         """(reason or None, packed Gram or None, reward extremes) of a reply."""
         record = msg.content.get(C.ARRAYS)
-        if not isinstance(record, ArrayRecord):
-            return f"no '{C.ARRAYS}' ArrayRecord", None, None
-        if C.REWARD_RANGE not in record:
-            return f"no '{C.REWARD_RANGE}' array", None, None
-        # decoded as screening does: real floats only, bytes as the header claims
-        reason, extremes = decode_array(record[C.REWARD_RANGE], (2,))
-        if reason is not None or extremes is None:
-            return f"'{C.REWARD_RANGE}': {reason}", None, None
-        if not np.all(np.isfinite(extremes)) or extremes[0] > extremes[1]:
-            return f"'{C.REWARD_RANGE}' must be finite [min, max]", None, None
+        reason, extremes = decode_reward_range(record)
+        if reason is not None:
+            return reason, None, None
+        assert isinstance(record, ArrayRecord)  # decode_reward_range refuses anything else
         if C.GRAM not in record:
             if self._have.get(node, 0) == 0:
                 return f"no '{C.GRAM}' from a client whose Gram the server lacks", None, None

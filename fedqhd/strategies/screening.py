@@ -470,6 +470,22 @@ def decode_array(obj: Any, expected_shape: Shape | None
     return None, np.array(array, dtype=np.float64)
 
 
+def decode_reward_range(record: Any) -> tuple[str | None, np.ndarray | None]:
+    """``(None, [min, max])`` of a reply's ``reward-range`` (finite, min <= max), else
+    ``(reason, None)``: the statistic FedQHDExact and FedQHDPooled agree value ranges by."""
+    if not isinstance(record, ArrayRecord):
+        return f"no '{C.ARRAYS}' ArrayRecord", None
+    if C.REWARD_RANGE not in record:
+        return f"no '{C.REWARD_RANGE}' array", None
+    # decoded as screening does: real floats only, bytes as the header claims
+    reason, extremes = decode_array(record[C.REWARD_RANGE], (2,))
+    if reason is not None or extremes is None:
+        return f"'{C.REWARD_RANGE}': {reason}", None
+    if not np.all(np.isfinite(extremes)) or extremes[0] > extremes[1]:
+        return f"'{C.REWARD_RANGE}' must be finite [min, max]", None
+    return None, extremes
+
+
 def _check(
     msg: Message, array_key: str | None, expected_shape: Shape | None
 ) -> tuple[str | None, np.ndarray | None, dict[str, float]]:
