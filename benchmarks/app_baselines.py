@@ -12,6 +12,7 @@ CPU / wall seconds of each. One CPU thread. ``--strategy fedavg-dqn`` runs
 
     python benchmarks/app_baselines.py --env CartPole-v1 --strategy truncate \\
         --encoder heterogeneous --seed 42
+    python benchmarks/app_baselines.py --env CartPole-v1 --strategy pooled --seed 42
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--strategy", default="none",
-                        help="none, truncate, avg, anchor or fedavg-dqn")
+                        help="none, truncate, avg, anchor, pooled (the oracle) or fedavg-dqn")
     parser.add_argument("--encoder", default="shared")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--clients", type=int, default=5)

@@ -38,7 +38,7 @@ CHECK = textwrap.dedent('''
 
     import numpy as np
     from flwr.app import ConfigRecord, Message, Metadata, MetricRecord, RecordDict
-    from fedqhd.strategies import FedQHDAnchor, FedQHDAvg, FedQHDExact
+    from fedqhd.strategies import FedQHDAnchor, FedQHDAvg, FedQHDExact, FedQHDPooled
     from fedqhd.strategies import contract as C
 
     def reply(node, arrays, metrics):
@@ -101,6 +101,22 @@ CHECK = textwrap.dedent('''
     assert np.abs(out[C.READOUT].numpy() - pooled).max() < 1e-8, "exact != pooled ridge"
     assert metrics[C.EXACT_CLIENTS] == 3
     assert metrics[C.REPLIES_SAMPLED] == metrics[C.REPLIES_RECEIVED] == 3
+
+    # FedQHDPooled: one sweep from a zero readout, the sweep answered by the grid; without
+    # scipy its factors are numpy's
+    phi_ys = {node: C.from_array_record(r.content[C.ARRAYS])[C.PHI_Y]
+              for node, r in enumerate(replies, start=1)}
+
+    class SweepGrid(Grid):
+        def send_and_receive(self, messages, timeout=None):
+            return [reply(m.metadata.dst_node_id, {C.PHI_Y: phi_ys[m.metadata.dst_node_id]},
+                          {C.NUM_TRANSITIONS: 1}) for m in messages]
+
+    oracle = FedQHDPooled(dim, n_actions, ridge=ridge, proximal=0.0, sweeps=1)
+    oracle.configure_train(1, oracle.initial_arrays(), ConfigRecord(), SweepGrid())
+    out, metrics = oracle.aggregate_train(1, replies)
+    assert np.abs(out[C.READOUT].numpy() - pooled).max() < 1e-8, "pooled oracle != ridge"
+    assert metrics[C.CLIENTS_AVERAGED] == 3 and metrics[C.POOLED_SWEEPS] == 1
 
     from fedqhd import cli
     assert cli.main(["--help"]) == 2  # a clear message, not a traceback
