@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -20,6 +21,19 @@ from .identity import IdentityRegistry, client_key
 from .screening import Safeguards, ScreenedReplies, Shape, describe, screen_replies
 
 WEIGHTINGS = ("transitions", "uniform")
+
+
+def global_readout(arrays: ArrayRecord, shape: tuple[int, int], strategy: str) -> np.ndarray:
+    """The global ``readout`` of a round's record as float64, refused (``ValueError``
+    naming ``strategy``) when missing or not of ``shape``: the strategies that solve
+    for the readout themselves (FedQHDExact, FedQHDPooled) need the one they sent."""
+    if C.READOUT not in arrays:
+        raise ValueError(f"{strategy} needs the global '{C.READOUT}' array in its "
+                         f"ArrayRecord; got keys {list(arrays.keys())}")
+    readout = arrays[C.READOUT].numpy().astype(np.float64)
+    if readout.shape != shape:
+        raise ValueError(f"global readout has shape {readout.shape}, expected {shape}")
+    return readout
 
 
 class NodeWaitTimeout(RuntimeError):

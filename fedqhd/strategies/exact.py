@@ -45,7 +45,7 @@ from flwr.serverapp import Grid
 from fedqhd.gram import GramSystems, pooled_value_range
 
 from . import contract as C
-from .base import FunctionSpaceStrategy
+from .base import FunctionSpaceStrategy, global_readout
 from .screening import (
     ScreenedReplies,
     _check,
@@ -140,13 +140,7 @@ class FedQHDExact(FunctionSpaceStrategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        if C.READOUT not in arrays:
-            raise ValueError(f"FedQHDExact needs the global '{C.READOUT}' array in its "
-                             f"ArrayRecord; got keys {list(arrays.keys())}")
-        readout = arrays[C.READOUT].numpy().astype(np.float64)
-        if readout.shape != (self.dim, self.n_actions):
-            raise ValueError(f"global readout has shape {readout.shape}, expected "
-                             f"{(self.dim, self.n_actions)}")
+        readout = global_readout(arrays, (self.dim, self.n_actions), "FedQHDExact")
         if self._resumed_nodes is not None:
             self._check_resumed_nodes(set(grid.get_node_ids()))
         if self._prior is None:
@@ -179,13 +173,9 @@ class FedQHDExact(FunctionSpaceStrategy):
         known = self.identities.key_of
         replied: set[int] = set()
         for msg in replies:
-            screened.received += 1
-            node = msg.metadata.src_node_id
-            if msg.has_error():
-                screened.failed += 1
-                log(WARNING, "%s: %s replied with an error: %s", label,
-                    describe(node, None, known), msg.error.reason)
+            if screened.receive(msg, known):
                 continue
+            node = msg.metadata.src_node_id
             reason, rhs, metrics = _check(msg, C.PHI_Y if self._want_rhs else None,
                                           (self.dim, self.n_actions))
             gram, extremes = None, None

@@ -48,7 +48,7 @@ from flwr.serverapp import Grid
 from fedqhd.gram import pooled_solve, pooled_systems
 
 from . import contract as C
-from .base import FunctionSpaceStrategy
+from .base import FunctionSpaceStrategy, global_readout
 from .screening import ScreenedReplies, _check, decode_array, decode_reward_range, describe
 
 
@@ -120,13 +120,7 @@ class FedQHDPooled(FunctionSpaceStrategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        if C.READOUT not in arrays:
-            raise ValueError(f"FedQHDPooled needs the global '{C.READOUT}' array in its "
-                             f"ArrayRecord; got keys {list(arrays.keys())}")
-        readout = arrays[C.READOUT].numpy().astype(np.float64)
-        if readout.shape != (self.dim, self.n_actions):
-            raise ValueError(f"global readout has shape {readout.shape}, expected "
-                             f"{(self.dim, self.n_actions)}")
+        readout = global_readout(arrays, (self.dim, self.n_actions), "FedQHDPooled")
         self._grid, self._readout = grid, readout  # the sweeps of aggregate_train need both
         return super().configure_train(server_round, arrays, config, grid)
 
@@ -159,13 +153,9 @@ class FedQHDPooled(FunctionSpaceStrategy):
         parties: list[_Party] = []
         packed_shape = (self.n_actions, self.dim * (self.dim + 1) // 2)
         for msg in replies:
-            screened.received += 1
-            node = msg.metadata.src_node_id
-            if msg.has_error():
-                screened.failed += 1
-                log(WARNING, "%s: %s replied with an error: %s", label,
-                    describe(node, None, self.identities.key_of), msg.error.reason)
+            if screened.receive(msg, self.identities.key_of):
                 continue
+            node = msg.metadata.src_node_id
             reason, gram, metrics = _check(msg, C.GRAM, packed_shape)
             extremes: np.ndarray | None = None
             counts: np.ndarray | None = None

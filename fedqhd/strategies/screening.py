@@ -192,6 +192,18 @@ class ScreenedReplies:
         """The accepted arrays aggregated by the strategy's rule."""
         return self.safeguards.combine(self.arrays, self.weights)
 
+    def receive(self, msg: Message, known: Mapping[int, tuple[str, int]] | None = None
+                ) -> bool:
+        """Count ``msg`` as received; True when it is an error reply (then counted as
+        failed and logged), for strategies that screen their replies themselves."""
+        self.received += 1
+        if not msg.has_error():
+            return False
+        self.failed += 1
+        log(WARNING, "%s: %s replied with an error: %s", self.label,
+            describe(msg.metadata.src_node_id, None, known), msg.error.reason)
+        return True
+
     def drop(self, index: int) -> None:
         """Leave accepted reply ``index`` out (after screening: identity refusals)."""
         for items in (self.arrays, self.weights, self.metrics, self.nodes):
