@@ -18,7 +18,12 @@ settings as :func:`fedqhd.online.run_online` in the bench: ``strategy = "none"``
 its own readout and evaluates it) and ``strategy = "truncate"``
 (FedQHDTruncate: each client replies its own readout, of its own ``D_i`` under
 heterogeneous encoders, and continues from the truncated average in its first
-rows). Under both, every client evaluates its own policy each round.
+rows). Under both, every client evaluates its own policy each round. ``strategy =
+"pooled"`` (FedQHDPooled, the centralised oracle, shared encoder): each client acts
+with the global readout, collects and replies its buffer's sufficient statistics
+(:func:`pooled_statistics`) without fitting; the server then asks for one ``phi-y``
+per sweep (:meth:`FQIOnline.pooled_sweep`, message type ``train.pooled_sweep``) and
+solves the pooled fit itself, as :func:`fedqhd.online.pooled_fit` does in the bench.
 
 A node's state (buffer rows and statistics, counters, readout, episode returns, RNG
 state, the last compiled teacher's digest) lives in its ``context.state``, written after
