@@ -391,3 +391,11 @@ def test_pooled_needs_one_shared_encoder_and_every_client():
         RunConfig.from_run_config({"strategy": "pooled"})
     cfg = RunConfig.from_run_config({**base, "env-id": "Acrobot-v1"})  # the table's D 1000
     assert cfg.resolved_strategy == "pooled" and cfg.hd_dim == 1000
+
+
+def test_a_pooled_sweep_reaches_only_a_pooled_client():
+    from fedqhd.learners.fqi_online import LEARNER
+
+    cfg = RunConfig.from_run_config({"protocol": "online", "strategy": "avg"})
+    with pytest.raises(ValueError, match="pooled sweep request reached a client of strategy"):
+        LEARNER.pooled_sweep(None, cfg, {})
