@@ -59,14 +59,16 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("online_fuse", "fuse"), ("online_n_step", "n_step"), ("online_gamma_final", "gamma_final"),
     ("online_gamma_ramp", "gamma_ramp"), ("episodes_per_round", "episodes_per_round"),
     ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"),
-    ("online_capacity", "capacity"))
+    ("online_capacity", "capacity"), ("anchor_source", "anchor_source"),
+    ("num_anchors", "n_anchors"))
 #: what online-settings = "auto" sets for learner dqn (fedqhd.baselines.dqn.DQN_SETTINGS)
 _DQN_AUTO_FIELDS: tuple[tuple[str, str], ...] = (("gamma", "gamma"),
                                                  ("episodes_per_round", "episodes_per_round"))
 #: table entries a task may leave out, with the value they stand for
-_AUTO_MISSING: dict[str, float] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
+_AUTO_MISSING: dict[str, float | str] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
                                    "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0,
-                                   "compile_ridge": 1.0, "capacity": 0}
+                                   "compile_ridge": 1.0, "capacity": 0,
+                                   "anchor_source": "rollouts", "n_anchors": 1000}
 
 
 class ConfigError(ValueError):
@@ -254,8 +256,8 @@ class RunConfig:
         "ONLINE_SETTINGS) replaces hd-dim, bandwidth, gamma, ridge, proximal, "
         "local-iterations, episodes-per-round, online-per-episode, online-action-gap, "
         "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
-        "online-gamma-ramp, online-capacity, online-obs-scale and "
-        "epsilon-* "
+        "online-gamma-ramp, online-capacity, online-obs-scale, anchor-source, "
+        "num-anchors and epsilon-* "
         "(set num-server-rounds = episodes / episodes-per-round); manual = "
         "the keys as given"))
     online_capacity: int = field(default=0, metadata=_key(

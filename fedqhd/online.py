@@ -340,7 +340,10 @@ class OnlineClient:
         next ``n_step`` rewards of the episode and the state ``n_step`` steps on (fewer
         at the episode's end), so one sweep propagates values ``n_step`` steps. 1: plain.
     capacity : int
-        Slots of the regression buffer (reservoir replacement once full).
+        Slots of the regression buffer.
+    replacement : {"reservoir", "fifo"}
+        Once the buffer is full: a uniform sample of everything offered so far
+        (reservoir) or the most recent ``capacity`` transitions (first in, first out).
     per_episode : int
         At most this many transitions of each episode enter the buffer.
     n_parallel : int
@@ -358,7 +361,8 @@ class OnlineClient:
                  fuse: float = 0.0, n_step: int = 1, tail: int = 0,
                  capacity: int = 20000,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
-                 dynamics: dict[str, float] | None = None, form: str = "auto") -> None:
+                 dynamics: dict[str, float] | None = None, form: str = "auto",
+                 replacement: str = "reservoir") -> None:
         spec = get_spec(env_id)
         self.env_id, self.encoder = env_id, encoder
         self.n_actions = spec.n_actions
@@ -370,6 +374,9 @@ class OnlineClient:
         self.tail = int(tail)
         if self.n_step < 1:
             raise ValueError(f"n_step must be >= 1, got {n_step}")
+        if replacement not in ("reservoir", "fifo"):
+            raise ValueError(f"replacement must be reservoir or fifo, got {replacement!r}")
+        self.replacement = replacement
         self.dim = int(encoder.omega_.shape[1])
         self.capacity, self.per_episode = int(capacity), int(per_episode)
         if form == "auto":
@@ -428,7 +435,10 @@ class OnlineClient:
         slots = np.full(n, -1)
         free = min(n, self.capacity - self.size)
         slots[:free] = np.arange(self.size, self.size + free)
-        if free < n:
+        if free < n and self.replacement == "fifo":
+            # the slot of stream position p (0-based) is p mod capacity: the oldest row goes
+            slots[free:] = (self.seen + free + np.arange(n - free)) % self.capacity
+        elif free < n:
             counts = self.seen + free + 1 + np.arange(n - free)  # 1-based stream position
             draw = (self.rng.random(n - free) * counts).astype(np.int64)
             keep = draw < self.capacity
@@ -931,7 +941,9 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
 #: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor);
 #: optional: ``tail``, ``n_step``, ``action_gap``, ``fuse`` (:class:`OnlineClient`),
 #: ``gamma_final``/``gamma_ramp`` (:func:`discount_schedule`), ``compile_ridge`` (ridge of
-#: the heterogeneous setting's teacher compilation, default 1), ``capacity`` (buffer slots
+#: the heterogeneous setting's teacher compilation, default 1), ``anchor_source`` and
+#: ``n_anchors`` (:func:`fedqhd.anchors.make_anchors`; default 1000 rollout anchors),
+#: ``capacity`` (buffer slots
 #: of every client, instead of :func:`default_capacity` of its D), ``obs_scale`` (per-
 #: dimension multipliers of the task's observation bounds, for the encoder only: the
 #: kernel's length scale per coordinate; :func:`encoder_bound`) and ``heterogeneous``
@@ -944,7 +956,10 @@ ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
     "Acrobot-v1": dict(dim=1000, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
                        sweeps=10, n_step=5, action_gap=0.5, per_episode=20, tail=10,
                        episodes_per_round=20, epsilon=(1.0, 0.9, 0.0),
-                       heterogeneous=dict(proximal=0.001)),
+                       # uniform anchors: random-action rollouts stay near the hanging
+                       # rest, where a swing-up policy's Q-values are not decided
+                       # (BENCHMARKS.md, "Acrobot (sixth round)")
+                       heterogeneous=dict(proximal=0.001, anchor_source="uniform")),
     "MountainCar-v0": dict(dim=500, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
                            sweeps=20, per_episode=20, tail=10, episodes_per_round=20,
                            epsilon=(1.0, 0.9, 0.01)),
@@ -1013,11 +1028,12 @@ def run_online(
     tail: int | None = None,
     sweeps: int | None = None,
     capacity: int | None = None,
+    replacement: str | None = None,
     per_episode: int | None = None,
     epsilon: tuple[float, float, float] | None = None,
     obs_scale: Sequence[float] | None = None,
-    n_anchors: int = 1000,
-    anchor_source: str = "rollouts",
+    n_anchors: int | None = None,
+    anchor_source: str | None = None,
     compile_ridge: float | None = None,
     greedy_episodes: int = 10,
     dynamics: Sequence[dict[str, float] | None] | None = None,
@@ -1067,11 +1083,15 @@ def run_online(
     action_gap = table.get("action_gap", 0.0) if action_gap is None else action_gap
     n_step = table.get("n_step", 1) if n_step is None else n_step
     fuse = table.get("fuse", 0.0) if fuse is None else fuse
+    n_anchors = table.get("n_anchors", 1000) if n_anchors is None else n_anchors
+    anchor_source = (table.get("anchor_source", "rollouts") if anchor_source is None
+                     else anchor_source)
     gamma_final = table.get("gamma_final", 0.0) if gamma_final is None else gamma_final
     gamma_ramp = table.get("gamma_ramp", 1) if gamma_ramp is None else gamma_ramp
     tail = table.get("tail", 0) if tail is None else tail
     compile_ridge = table.get("compile_ridge", 1.0) if compile_ridge is None else compile_ridge
     capacity = table.get("capacity") if capacity is None else capacity
+    replacement = table.get("replacement", "reservoir") if replacement is None else replacement
     obs_scale = table.get("obs_scale") if obs_scale is None else obs_scale
     bound = encoder_bound(env_id, obs_scale)
     if gamma_final > gamma and n_step > 1:
@@ -1104,7 +1124,7 @@ def run_online(
         cap = capacity if capacity is not None else default_capacity(d)
         clients.append(OnlineClient(
             env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, action_gap=action_gap,
-            n_step=n_step, fuse=fuse, tail=tail, capacity=cap,
+            n_step=n_step, fuse=fuse, tail=tail, capacity=cap, replacement=replacement,
             per_episode=per_episode, n_parallel=episodes_per_round,
             seed=shard_seed(seed, i),
             dynamics=None if dynamics is None else dynamics[i]))
@@ -1126,10 +1146,12 @@ def run_online(
                                       gamma_ramp=gamma_ramp, tail=tail,
                                       sweeps=sweeps, per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
+                                      anchor_source=anchor_source,
                                       compile_ridge=compile_ridge,
                                       obs_scale=(None if obs_scale is None
                                                  else [float(v) for v in obs_scale]),
-                                      capacity=[cl.capacity for cl in clients]))
+                                      capacity=[cl.capacity for cl in clients],
+                                      replacement=replacement))
     done = 0
     while done < episodes:
         k = min(episodes_per_round, episodes - done)

@@ -70,6 +70,8 @@ def test_online_auto_settings_follow_the_per_task_table():
         assert cfg.online_tail == table.get("tail", 0)
         assert cfg.online_compile_ridge == table.get("compile_ridge", 1.0)
         assert cfg.online_capacity == table.get("capacity", 0)
+        assert (cfg.anchor_source, cfg.num_anchors) == (
+            table.get("anchor_source", "rollouts"), table.get("n_anchors", 1000))
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
         assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table
@@ -152,6 +154,45 @@ def test_a_tasks_capacity_key_sizes_every_clients_buffer(monkeypatch):
                             greedy_episodes=1)
     assert res.config["capacity"] == [online.default_capacity(d)
                                       for d in (500, 1000, 2000, 5000)]
+
+
+def test_a_tasks_anchor_keys_choose_the_anchors_of_run_online_and_the_app(monkeypatch):
+    """The table's ``anchor_source`` / ``n_anchors`` (Acrobot heterogeneous: uniform
+    anchors) pick the anchors run_online builds and the Flower app's anchor keys; other
+    tasks keep 1000 rollout anchors; explicit arguments and manual settings still win."""
+    assert online.online_settings("Acrobot-v1", "heterogeneous")["anchor_source"] == "uniform"
+    asked: list[tuple[str, int]] = []
+
+    def fake_anchors(source, env_id, m, seed, path=""):
+        asked.append((source, m))
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(online, "make_anchors", fake_anchors)
+    for env_id, kw, want in [("Acrobot-v1", {}, ("uniform", 1000)),
+                             ("CartPole-v1", {}, ("rollouts", 1000)),
+                             ("Acrobot-v1", {"anchor_source": "rollouts", "n_anchors": 7},
+                              ("rollouts", 7))]:
+        with pytest.raises(RuntimeError, match="stop"):
+            online.run_online(env_id, encoder="heterogeneous", **kw)
+        assert asked[-1] == want, (env_id, kw)
+    for env_id, encoder, want in [("Acrobot-v1", "heterogeneous", "uniform"),
+                                  ("Acrobot-v1", "shared", "rollouts"),
+                                  ("CartPole-v1", "heterogeneous", "rollouts")]:
+        cfg = RunConfig.from_run_config({"protocol": "online", "env-id": env_id,
+                                         "encoder": encoder})
+        assert (cfg.anchor_source, cfg.num_anchors) == (want, 1000), (env_id, encoder)
+    cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
+                                     "encoder": "heterogeneous", "online-settings": "manual",
+                                     "anchor-source": "rollouts"})
+    assert cfg.anchor_source == "rollouts"
+    entry = ONLINE_SETTINGS["Acrobot-v1"]
+    monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1", {**entry, "n_anchors": 77})
+    with pytest.raises(RuntimeError, match="stop"):
+        online.run_online("Acrobot-v1", encoder="heterogeneous")
+    assert asked[-1] == ("uniform", 77)
+    cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
+                                     "encoder": "heterogeneous"})
+    assert cfg.num_anchors == 77
 
 
 def test_a_tasks_obs_scale_key_rescales_every_encoder_alike(monkeypatch):
