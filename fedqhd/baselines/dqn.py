@@ -309,12 +309,17 @@ class DQNClients:
     pad_to : (int, int), optional
         Hidden widths to pad the network to (at least the clients' own): a node padded
         to the widest client of its run computes with the in-process run's shapes.
-    node_streams : bool
-        Every client draws its minibatches from its own stream, only while it acts, as a
-        Flower node holding it alone does (:func:`fedqhd.seeding.dqn_batch_rng` of that
-        client), so that an in-process run can be the app's run number for number.
-        Default: one stream for all clients held (the layout the rows of BENCHMARKS.md
-        were measured with). One client alone draws the same either way.
+    as_nodes : bool
+        Every client is drawn and computed as a Flower node holding it alone: its
+        minibatches from its own stream, only while it acts
+        (:func:`fedqhd.seeding.dqn_batch_rng` of that client), and its distillation
+        computed apart (XLA's vectorised distillation over several clients rounds
+        differently from one client's, by ~1e-5 of the KL after ten steps; the vectorised
+        TD step gives one client's numbers bit for bit on this code's CPU builds, checked
+        by ``tests/test_online_app_baselines.py``). So an in-process run is the app's run
+        number for number. Default: one minibatch stream and one vectorised distillation
+        for all clients (the layout the rows of BENCHMARKS.md were measured with). One
+        client alone is the same either way.
     """
 
     def __init__(
@@ -337,7 +342,7 @@ class DQNClients:
         first_client: int = 0,
         networks: Sequence[Sequence[np.ndarray]] | None = None,
         pad_to: Sequence[int] | None = None,
-        node_streams: bool = False,
+        as_nodes: bool = False,
     ):
         jax, jnp, _ = _require_jax()
         self._jnp = jnp
@@ -356,8 +361,9 @@ class DQNClients:
         self._k = _kernels(float(lr), float(gamma))
 
         self._rngs = dqn_client_rngs(seed, n, first_client)
+        self._as_nodes = bool(as_nodes)
         self._batch_rng: np.random.Generator | list[np.random.Generator] = (
-            [dqn_batch_rng(seed, 1, first_client + i) for i in range(n)] if node_streams
+            [dqn_batch_rng(seed, 1, first_client + i) for i in range(n)] if as_nodes
             else dqn_batch_rng(seed, n, first_client))
         pad = (0, 0) if pad_to is None else tuple(int(h) for h in pad_to)
         h1m = max(pad[0], *(h[0] for h in self.hidden))
@@ -497,11 +503,19 @@ class DQNClients:
         The distillation Adam state is kept apart from the TD one. Returns the KL
         before and after, per client.
         """
+        jax = _require_jax()[0]
         t = np.broadcast_to(np.asarray(teacher, np.float32),
                             (self.n_clients, len(states), self.n_actions))
-        self._params, self._distill_opt, before, after = self._k.distill(
-            self._params, self._distill_opt, self._masks, np.asarray(states, np.float32),
-            t, float(tau), int(steps))
+        x = np.asarray(states, np.float32)
+        args = (self._params, self._distill_opt, self._masks)
+        if self._as_nodes and self.n_clients > 1:  # one client at a time, as nodes compute
+            parts = [self._k.distill(*jax.tree_util.tree_map(lambda a, i=i: a[i:i + 1], args),
+                                     x, t[i:i + 1], float(tau), int(steps))
+                     for i in range(self.n_clients)]
+            out = jax.tree_util.tree_map(lambda *a: self._jnp.concatenate(a), *parts)
+        else:
+            out = self._k.distill(*args, x, t, float(tau), int(steps))
+        self._params, self._distill_opt, before, after = out
         return np.asarray(before), np.asarray(after)
 
     def greedy_policy(self, i: int = 0):
@@ -689,7 +703,7 @@ def run_distill_dqn(
     dynamics: dict | Sequence[dict | None] | None = None,
     verbose: bool = False,
     anchor_file: str = "",
-    node_streams: bool = False,
+    as_nodes: bool = False,
     **dqn_kwargs,
 ) -> dict:
     """Distillation FedDQN in process: clients keep their own networks; every
@@ -705,9 +719,9 @@ def run_distill_dqn(
     the last round and ``greedy-return-before-last-distill`` the same just before
     that round's distillation.
 
-    ``node_streams=True`` runs what the Flower app runs (``learner = "dqn"``,
-    ``strategy = "anchor"``, uniform weighting): every client draws its minibatches from
-    its own stream (see :class:`DQNClients`) and the teacher is the float64 mean of the
+    ``as_nodes=True`` runs what the Flower app runs (``learner = "dqn"``,
+    ``strategy = "anchor"``, uniform weighting): every client is drawn and computed as a
+    node alone (see :class:`DQNClients`) and the teacher is the float64 mean of the
     float32 Q-values, as the app's strategy forms it. ``anchor_file``: the anchors'
     file when ``anchor_source`` is "file".
     """
@@ -717,7 +731,7 @@ def run_distill_dqn(
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     anchors = make_anchors(anchor_source, env_id, n_anchors, seed, path=anchor_file)
     clients = DQNClients(env_id, n_clients, seed, hidden=hidden, dynamics=dynamics,
-                         node_streams=node_streams, **dqn_kwargs)
+                         as_nodes=as_nodes, **dqn_kwargs)
     try:
         chunks: list[Any] = []
         rounds: list[dict[str, Any]] = []
@@ -731,7 +745,7 @@ def run_distill_dqn(
                                                dqn_evaluation_seed(seed)).mean()
                                for i in range(n_clients)]
             q = clients.q_values(anchors)
-            teacher = (_app_teacher(q) if node_streams else q.mean(axis=0))
+            teacher = (_app_teacher(q) if as_nodes else q.mean(axis=0))
             kl0, kl1 = clients.distill(anchors, teacher, tau, distill_steps)
             ret = np.concatenate(chunks, axis=1)
             rounds.append({"round": len(rounds) + 1, "episodes": done,

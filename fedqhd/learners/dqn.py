@@ -20,7 +20,7 @@ env copy, one Adam step on a replay minibatch after every env step
 
 Every reply carries ``train-return-last100``. Same initial networks, exploration and
 minibatch streams and settings as the bench's :func:`~fedqhd.baselines.dqn.run_distill_dqn`
-with ``node_streams=True`` (:func:`run_distill_kwargs`), which the app equals number for
+with ``as_nodes=True`` (:func:`run_distill_kwargs`), which the app equals number for
 number: each node computes with the padded shapes the in-process run uses.
 
 A node's client (networks, target, both Adam states, replay rows and pointer, RNG
@@ -153,7 +153,7 @@ def _new_node(cfg: RunConfig, pid: int, n_parts: int) -> DQNNode:
                         dynamics=_dynamics(cfg, pid, n_parts) or None, first_client=pid,
                         networks=networks,
                         pad_to=(max(h[0] for h in hidden), max(h[1] for h in hidden)),
-                        node_streams=True)
+                        as_nodes=True)
     return DQNNode(client)
 
 
@@ -211,7 +211,7 @@ def run_distill_kwargs(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
                 eps_start=cfg.epsilon_start, eps_decay=cfg.epsilon_decay,
                 eps_min=cfg.epsilon_floor,
                 dynamics=[_dynamics(cfg, i, n_clients) or None for i in range(n_clients)],
-                node_streams=True)
+                as_nodes=True)
 
 
 class DeepBaselines:
