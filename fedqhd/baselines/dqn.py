@@ -597,12 +597,13 @@ class DQNClients:
             env.close()
 
 
-def _app_teacher(q: np.ndarray) -> np.ndarray:
-    """The teacher the app's strategy (FedQHDAnchor, uniform weights) forms from the
-    clients' Q-values on the anchors ``q`` (n_clients, m, n_actions)."""
+def _app_mean(arrays: Sequence[np.ndarray], weights: np.ndarray | None = None) -> np.ndarray:
+    """The weighted mean (default: uniform) the app's strategies form of the clients'
+    float32 ``arrays`` (:func:`fedqhd.strategies.screening.weighted_mean`, in float64)."""
     from fedqhd.strategies.screening import weighted_mean
 
-    return weighted_mean([np.asarray(qi, np.float64) for qi in q], np.ones(len(q)))
+    w = np.ones(len(arrays)) if weights is None else weights
+    return weighted_mean([np.asarray(a, np.float64) for a in arrays], w)
 
 
 def _last100(returns: np.ndarray) -> float:
@@ -641,11 +642,15 @@ def run_fedavg_dqn(
     eval_episodes: int = 10,
     dynamics: dict | Sequence[dict | None] | None = None,
     verbose: bool = False,
+    as_nodes: bool = False,
     **dqn_kwargs,
 ) -> dict:
     """FedAvg-DQN in process: all clients start from one network; every
     ``aggregate_every`` episodes their parameters are averaged (``weighting``
     "uniform" or "transitions": by env steps collected in the round) and sent back.
+    ``as_nodes=True`` runs what the Flower app runs (``learner = "dqn"``, uniform
+    weighting): every client drawn and computed as a node alone (:class:`DQNClients`),
+    the mean formed as the app's strategy forms it.
 
     Returns a dict with per-round ``rounds`` (``train-return-last100`` so far),
     ``returns`` (n_clients, episodes), the final ``train-return-last100``, the
@@ -657,7 +662,7 @@ def run_fedavg_dqn(
         raise ValueError(f"weighting must be uniform or transitions, got {weighting!r}")
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     clients = DQNClients(env_id, n_clients, seed, same_init=True, dynamics=dynamics,
-                         **dqn_kwargs)
+                         as_nodes=as_nodes, **dqn_kwargs)
     try:
         chunks: list[Any] = []
         rounds: list[dict[str, Any]] = []
@@ -668,7 +673,9 @@ def run_fedavg_dqn(
             chunks.append(clients.collect_and_train(k))
             done += k
             w = None if weighting == "uniform" else clients.transitions - before
-            glob = fedavg([clients.get_parameters(i) for i in range(n_clients)], w)
+            params = [clients.get_parameters(i) for i in range(n_clients)]
+            glob = ([_app_mean([p[k] for p in params], w).astype(np.float32)
+                     for k in range(len(params[0]))] if as_nodes else fedavg(params, w))
             for i in range(n_clients):
                 clients.set_parameters(glob, i)
             ret = np.concatenate(chunks, axis=1)
@@ -745,7 +752,7 @@ def run_distill_dqn(
                                                dqn_evaluation_seed(seed)).mean()
                                for i in range(n_clients)]
             q = clients.q_values(anchors)
-            teacher = (_app_teacher(q) if as_nodes else q.mean(axis=0))
+            teacher = _app_mean(list(q)) if as_nodes else q.mean(axis=0)
             kl0, kl1 = clients.distill(anchors, teacher, tau, distill_steps)
             ret = np.concatenate(chunks, axis=1)
             rounds.append({"round": len(rounds) + 1, "episodes": done,

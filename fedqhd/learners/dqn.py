@@ -77,7 +77,7 @@ from fedqhd.strategies import contract as C
 
 DISTILL_KL_BEFORE = "distill-kl-before"  #: reply metric: KL to the teacher before its steps
 DISTILL_KL_AFTER = "distill-kl-after"  #: reply metric: and after
-_INFO_KEYS = ("teacher-digest", DISTILL_KL_BEFORE, DISTILL_KL_AFTER)  # node facts in state
+_INFO_KEYS = ("teacher-digest",)  # node facts in context.state beside the client's
 
 
 @dataclass
@@ -180,7 +180,8 @@ def save_node(context: Context, cfg: RunConfig, node: DQNNode) -> None:
 def _adopt(node: DQNNode, cfg: RunConfig, arrays: Arrays, metrics: Metrics) -> bool:
     """Start from the global model: load the global network (FedAvg), or distil the
     teacher, once (a teacher distilled at evaluation is not distilled again by the next
-    train, which receives the same one). True when the client changed."""
+    train, which receives the same one; the KLs are reported by the call that distilled).
+    True when the client changed."""
     if C.NETWORK in arrays:
         node.client.set_parameters(unpack(arrays[C.NETWORK], _shapes(cfg)), 0)
         return True
@@ -188,15 +189,13 @@ def _adopt(node: DQNNode, cfg: RunConfig, arrays: Arrays, metrics: Metrics) -> b
         return False
     teacher = np.ascontiguousarray(arrays[C.TEACHER], dtype=np.float64)
     digest = hashlib.sha1(teacher.tobytes()).hexdigest()
-    changed = node.info.get("teacher-digest") != digest
-    if changed:
-        before, after = node.client.distill(arrays[C.ANCHORS], teacher,
-                                            DISTILL_SETTINGS["tau"],
-                                            DISTILL_SETTINGS["distill_steps"])
-        node.info = {"teacher-digest": digest, DISTILL_KL_BEFORE: float(before[0]),
-                     DISTILL_KL_AFTER: float(after[0])}
-    metrics.update({k: node.info[k] for k in (DISTILL_KL_BEFORE, DISTILL_KL_AFTER)})
-    return changed
+    if node.info.get("teacher-digest") == digest:
+        return False
+    before, after = node.client.distill(arrays[C.ANCHORS], teacher, DISTILL_SETTINGS["tau"],
+                                        DISTILL_SETTINGS["distill_steps"])
+    node.info = {"teacher-digest": digest}
+    metrics.update({DISTILL_KL_BEFORE: float(before[0]), DISTILL_KL_AFTER: float(after[0])})
+    return True
 
 
 def run_distill_kwargs(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
