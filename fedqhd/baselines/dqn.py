@@ -3,7 +3,9 @@
 A Flower-free numeric core (a Flower ClientApp can drive :class:`DQNClients`
 with ``n_clients=1`` through :meth:`~DQNClients.get_parameters`,
 :meth:`~DQNClients.set_parameters`, :meth:`~DQNClients.collect_and_train`,
-:meth:`~DQNClients.q_values` and :meth:`~DQNClients.distill`).
+:meth:`~DQNClients.q_values` and :meth:`~DQNClients.distill`, and carry it between
+messages with :meth:`~DQNClients.snapshot` / :meth:`~DQNClients.restore`;
+``fedqhd.learners.dqn`` does).
 
 Protocol (the paper's online setting): every client runs epsilon-greedy
 episodes of its current network in its own env copy, stores the transitions in
@@ -55,8 +57,8 @@ __all__ = [
     "DQN_SETTINGS",
     "HETERO_WIDTHS",
     "PAPER_HIDDEN",
-    "fedavg",
     "distill_hidden",
+    "fedavg",
     "initial_network",
     "initial_networks",
     "mlp_q",
@@ -308,7 +310,8 @@ class DQNClients:
         :func:`initial_networks` draws them.
     pad_to : (int, int), optional
         Hidden widths to pad the network to (at least the clients' own): a node padded
-        to the widest client of its run computes with the in-process run's shapes.
+        to the widest client of its run computes with the in-process run's shapes (XLA
+        rounds a narrower network's products differently).
     as_nodes : bool
         Every client is drawn and computed as a Flower node holding it alone: its
         minibatches from its own stream, only while it acts
