@@ -4,9 +4,10 @@ handlers, server evaluation, log line and final report.
 ``fqi`` (ridge fitted Q-iteration on HD features, :mod:`fedqhd.learners.fqi`),
 ``pool`` (zCDP-private POOL on the inventory MDP, :mod:`fedqhd.learners.pool`) and
 ``dqn`` (the FedQHD paper's deep baselines, FedAvg-DQN and distillation FedDQN,
-online protocol only, :mod:`fedqhd.learners.dqn`) are built in. A learner is a module-level object implementing
-:class:`~fedqhd.learners.base.Learner`; :func:`register_learner` adds one under a
-new name (``"module:attribute"``, imported on first use).
+online protocol only, :mod:`fedqhd.learners.dqn`) are built in. A learner is a
+module-level object implementing :class:`~fedqhd.learners.base.Learner`;
+:func:`register_learner` adds one under a new name (``"module:attribute"``, imported on
+first use).
 """
 
 from __future__ import annotations
