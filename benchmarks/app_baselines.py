@@ -7,8 +7,12 @@ ClientApps, then :func:`fedqhd.online.run_online` with the same settings
 the final last-100 training return of each, the largest per-round difference, and
 CPU / wall seconds of each. One CPU thread. ``--strategy fedavg-dqn`` runs
 ``learner = "dqn"`` (uniform weighting, as the bench) against
-:func:`fedqhd.baselines.dqn.run_fedavg_dqn` (the dqn extra; not bit-identical, see
-:mod:`fedqhd.learners.dqn`) and adds both greedy returns.
+:func:`fedqhd.baselines.dqn.run_fedavg_dqn`, ``--strategy distill-dqn`` runs
+``learner = "dqn"``, ``strategy = "anchor"`` (``--encoder heterogeneous``: the cycled
+widths) against :func:`fedqhd.baselines.dqn.run_distill_dqn` (:func:`fedqhd.learners.
+dqn.run_distill_kwargs`), both with ``as_nodes=True`` (each client drawn and computed as
+a node alone; the dqn extra), and adds both greedy returns (the app's are evaluated on
+other episode seeds).
 
     python benchmarks/app_baselines.py --env CartPole-v1 --strategy truncate \\
         --encoder heterogeneous --seed 42
@@ -37,7 +41,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--strategy", default="none",
-                        help="none, truncate, avg, anchor, pooled (the oracle) or fedavg-dqn")
+                        help="none, truncate, avg, anchor, pooled (the oracle), fedavg-dqn or "
+                             "distill-dqn")
     parser.add_argument("--encoder", default="shared")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--clients", type=int, default=5)
@@ -46,7 +51,7 @@ def main() -> None:
                         help="run-config weight-cap-factor (default: the app's, 3; 0: off, "
                              "the bench's plain transition weights)")
     args = parser.parse_args()
-    dqn = args.strategy == "fedavg-dqn"
+    dqn = args.strategy in ("fedavg-dqn", "distill-dqn")
     keys = {"protocol": "online", "env-id": args.env, "seed": args.seed,
             "online-episodes": args.episodes, "min-nodes": args.clients,
             "output-dir": tempfile.mkdtemp(prefix="app-baselines-")}
@@ -54,6 +59,8 @@ def main() -> None:
         keys["weight-cap-factor"] = args.weight_cap_factor
     keys.update({"learner": "dqn", "weighting": "uniform"} if dqn else
                 {"strategy": args.strategy, "encoder": args.encoder})
+    if args.strategy == "distill-dqn":
+        keys.update({"strategy": "anchor", "encoder": args.encoder})
     cfg = RunConfig.from_run_config(keys)
     wall, cpu = time.perf_counter(), time.process_time()
     _, out = run_federation(InProcessGrid([client_app] * args.clients,
@@ -62,11 +69,15 @@ def main() -> None:
     rounds = json.loads((out / "results.json").read_text())["rounds"]
     episodes = cfg.num_server_rounds * cfg.episodes_per_round
     if dqn:
-        from fedqhd.baselines.dqn import run_fedavg_dqn
+        from fedqhd.baselines.dqn import run_distill_dqn, run_fedavg_dqn
+        from fedqhd.learners.dqn import run_distill_kwargs
 
-        ref = run_fedavg_dqn(args.env, n_clients=args.clients, episodes=episodes,
-                             aggregate_every=cfg.episodes_per_round, seed=args.seed,
-                             eval_episodes=cfg.eval_episodes)
+        if args.strategy == "distill-dqn":
+            ref = run_distill_dqn(episodes=episodes, **run_distill_kwargs(cfg, args.clients))
+        else:
+            ref = run_fedavg_dqn(args.env, n_clients=args.clients, episodes=episodes,
+                                 aggregate_every=cfg.episodes_per_round, seed=args.seed,
+                                 eval_episodes=cfg.eval_episodes, as_nodes=True)
         bench_curve = [r["train-return-last100"] for r in ref["rounds"]]
         bench_cpu, bench_wall = ref["cpu-s"], ref["wall-s"]
         greedy = f" | {rounds[-1]['return-mean']:.1f} | {ref['greedy-return']:.1f}"

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from fedqhd.anchors import ANCHOR_SOURCES
-from fedqhd.baselines.dqn import DQN_SETTINGS
+from fedqhd.baselines.dqn import DISTILL_SETTINGS, DQN_SETTINGS
 from fedqhd.data.partition import PARTITIONS
 from fedqhd.data.shard import MAX_COMPRESSION_RATIO, MAX_TRANSITIONS, VALUE_CHECKS
 from fedqhd.encoders import ENCODER_KINDS
@@ -61,9 +61,11 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"),
     ("online_capacity", "capacity"), ("anchor_source", "anchor_source"),
     ("num_anchors", "n_anchors"))
-#: what online-settings = "auto" sets for learner dqn (fedqhd.baselines.dqn.DQN_SETTINGS)
+#: what online-settings = "auto" sets for learner dqn (fedqhd.baselines.dqn.DQN_SETTINGS,
+#: DISTILL_SETTINGS)
 _DQN_AUTO_FIELDS: tuple[tuple[str, str], ...] = (("gamma", "gamma"),
-                                                 ("episodes_per_round", "episodes_per_round"))
+                                                 ("episodes_per_round", "episodes_per_round"),
+                                                 ("num_anchors", "n_anchors"))
 #: table entries a task may leave out, with the value they stand for
 _AUTO_MISSING: dict[str, float | str] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
                                    "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0,
@@ -159,8 +161,9 @@ class RunConfig:
     bandwidth: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e6, lo_open=True),
                                                         "RBF gamma (base gamma if heterogeneous)"))
     learner: str = field(default="fqi", metadata=_key(
-        _choice(learner_names()), "local learner: fqi, pool (private) or dqn (FedAvg-DQN, "
-        "the paper's baseline; online protocol, extra dqn)"))
+        _choice(learner_names()), "local learner: fqi, pool (private) or dqn (the paper's "
+        "deep baselines: FedAvg-DQN, strategy anchor: distillation FedDQN; online protocol, "
+        "extra dqn)"))
     gamma: float = field(default=0.99, metadata=_key(_float_range(0.0, 1.0, hi_open=True),
                                                      "discount"))
     ridge: float = field(default=0.1, metadata=_key(_float_range(0.0, 1e9, lo_open=True),
@@ -258,7 +261,8 @@ class RunConfig:
         "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
         "online-gamma-ramp, online-capacity, online-obs-scale, anchor-source, "
         "num-anchors and epsilon-* "
-        "(set num-server-rounds = episodes / episodes-per-round); manual = "
+        "(set num-server-rounds = episodes / episodes-per-round); learner dqn: the paper's "
+        "gamma, episodes-per-round, epsilon-* and num-anchors; manual = "
         "the keys as given"))
     online_capacity: int = field(default=0, metadata=_key(
         _int_range(0, 10_000_000), "online: transitions a client's regression buffer holds "
@@ -350,7 +354,7 @@ class RunConfig:
         # the keys as given are checked above; the table's values replace them
         if self.protocol == "online" and self.online_settings == "auto":
             if self.learner == "dqn":
-                self._set_auto(DQN_SETTINGS, _DQN_AUTO_FIELDS)
+                self._set_auto({**DQN_SETTINGS, **DISTILL_SETTINGS}, _DQN_AUTO_FIELDS)
             elif self.env_id in ONLINE_SETTINGS:
                 table = online_settings(self.env_id, self.encoder)
                 self._set_auto(table, _AUTO_FIELDS)

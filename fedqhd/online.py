@@ -1038,6 +1038,7 @@ def run_online(
     greedy_episodes: int = 10,
     dynamics: Sequence[dict[str, float] | None] | None = None,
     verbose: bool = False,
+    act_local: bool = False,
 ) -> OnlineResult:
     """The paper's online protocol in one process.
 
@@ -1171,8 +1172,9 @@ def run_online(
                 cl.fit(sweeps, init=global_w, prior=global_w)
             with timer("aggregate"):
                 global_w = sum(w * cl.readout for w, cl in zip(weights, clients, strict=True))
-                for cl in clients:
-                    cl.readout = global_w.copy()
+                if not act_local:
+                    for cl in clients:
+                        cl.readout = global_w.copy()
         else:
             for cl in clients:
                 cl.fit(sweeps)

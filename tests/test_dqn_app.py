@@ -32,9 +32,13 @@ def test_dqn_config_takes_the_papers_settings_and_needs_the_online_protocol():
     assert cfg.num_server_rounds == 24  # 600 episodes per client, as the paper
     with pytest.raises(ConfigError, match="'learner' = 'dqn'.*'protocol' = 'online'"):
         RunConfig.from_run_config({"learner": "dqn"})
-    with pytest.raises(ConfigError, match="strategy 'auto' or 'avg'"):
-        RunConfig.from_run_config({"protocol": "online", "learner": "dqn",
-                                   "strategy": "anchor"})
+    assert cfg.num_anchors == 200  # the paper's, for distillation
+    for strategy, encoder in (("anchor", "shared"), ("auto", "heterogeneous")):
+        distill = RunConfig.from_run_config({"protocol": "online", "learner": "dqn",
+                                             "strategy": strategy, "encoder": encoder})
+        assert distill.resolved_strategy == "anchor" and distill.num_anchors == 200
+    with pytest.raises(ConfigError, match="'strategy' = 'none'"):
+        RunConfig.from_run_config({"protocol": "online", "learner": "dqn", "strategy": "none"})
 
 
 def test_dqn_settings_are_the_in_process_baselines_defaults():

@@ -27,18 +27,23 @@ KEYS = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma
 
 class TwoActors:
     """The ClientApp served by two processes: before each message a seeded coin picks
-    the "actor", whose process cache (``fqi_online._CLIENTS``) is swapped in."""
+    the "actor", whose process cache (``owner.attribute``, by default
+    ``fqi_online._CLIENTS``) is swapped in."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, owner: object = fqi_online,
+                 attribute: str = "_CLIENTS", coin: int = 0) -> None:
         self.caches: list[dict] = [{}, {}]
-        self.coin = random.Random(0)
+        self.coin = random.Random(coin)
         self.monkeypatch = monkeypatch
+        self.owner, self.attribute = owner, attribute
         self.served = [0, 0]
+        self.by_node: dict[int, list[int]] = {}  #: the actors that served each node, in order
 
     def __call__(self, msg, context):
         actor = self.coin.randrange(2)
         self.served[actor] += 1
-        self.monkeypatch.setattr(fqi_online, "_CLIENTS", self.caches[actor])
+        self.by_node.setdefault(context.node_id, []).append(actor)
+        self.monkeypatch.setattr(self.owner, self.attribute, self.caches[actor])
         return client_app(msg, context)
 
 
@@ -87,26 +92,92 @@ def test_a_stale_process_copy_is_never_used(tmp_path):
     assert rebuilt.rng.bit_generator.state == current.rng.bit_generator.state
 
 
-def test_dqn_node_served_by_another_process_raises_instead_of_a_partial_copy(tmp_path,
-                                                                              monkeypatch):
-    """FedAvg-DQN keeps its replay and optimiser in the process: a node whose
-    context.state is newer than this process's copy (or that it never saw) is an error."""
+# ------------------------------------------------------------------ the deep baselines
+DQN_KEYS = {"protocol": "online", "learner": "dqn", "online-settings": "manual",
+            "episodes-per-round": 5, "num-server-rounds": 4, "epsilon-start": 0.2,
+            "epsilon-decay": 0.9, "epsilon-floor": 0.01, "num-anchors": 30,
+            "weighting": "uniform", "eval-episodes": 1, "seed": 5}
+
+
+@pytest.mark.parametrize("strategy", ["avg", "anchor"])  # FedAvg-DQN, distillation FedDQN
+def test_dqn_run_is_the_same_whichever_actor_serves_a_node(tmp_path, monkeypatch, strategy):
+    """A two-actor run of the deep baselines gives, round by round, the numbers of a run
+    whose nodes never moved (the global network of FedAvg bit for bit; distillation: the
+    clients' greedy returns and KLs, which a half-restored client would change). Before
+    the state lived in context.state, a node served by another actor raised."""
     pytest.importorskip("jax")
     pytest.importorskip("optax")
-    from fedqhd.baselines.dqn import initial_network
     from fedqhd.learners import dqn
 
-    cfg = RunConfig.from_run_config({"protocol": "online", "learner": "dqn", "seed": 0,
-                                     "episodes-per-round": 2, "online-episodes": 4,
-                                     "min-nodes": 1, "output-dir": str(tmp_path)})
+    n = 2
+    runs = []
+    # coin 3: each node changes actor every round (train messages 0, 1, 0, 1)
+    for actors in (None, TwoActors(monkeypatch, dqn.STATES, "cache", coin=3)):
+        cfg = RunConfig.from_run_config({**DQN_KEYS, "strategy": strategy, "min-nodes": n,
+                                         "output-dir": str(tmp_path / str(len(runs)))})
+        monkeypatch.setattr(dqn.STATES, "cache", {})
+        apps = [actors or client_app] * n
+        _, out = run_federation(InProcessGrid(apps, run_config=cfg.to_run_config()), cfg)
+        rows = json.loads((out / "results.json").read_text())["rounds"]
+        with np.load(out / "final_model.npz") as model:
+            runs.append((rows, {k: model[k] for k in model.files}))
+    # every node moved between actors, and back (the copy it returns to is stale)
+    assert all(sum(a != b for a, b in zip(seq, seq[1:], strict=False)) >= 2
+               for seq in actors.by_node.values()), actors.by_node
+    (rows, model), (rows2, model2) = runs
+    keys = [TRAIN_RETURN_LAST100, "return-mean", "num-transitions"]
+    if strategy == "anchor":
+        keys += [dqn.DISTILL_KL_BEFORE, dqn.DISTILL_KL_AFTER]
+    assert [[r.get(k) for k in keys] for r in rows2] == [[r.get(k) for k in keys] for r in rows]
+    assert all(r.get(k) is not None for k in keys for r in rows[1:])
+    assert model.keys() == model2.keys()
+    for k in model:
+        np.testing.assert_array_equal(model2[k], model[k])
+
+
+def test_a_stale_dqn_copy_is_never_used(tmp_path):
+    """A process whose copy of a DQN node is older than the node's context.state rebuilds
+    it from context.state: networks, target, both Adam states, replay, RNG streams,
+    epsilon, counters and episode returns the same numbers as the copy that never moved."""
+    pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    import jax
+
+    from fedqhd.learners import dqn
+
+    cfg = RunConfig.from_run_config({**DQN_KEYS, "strategy": "anchor", "min-nodes": 1,
+                                     "output-dir": str(tmp_path)})
     context = next(iter(InProcessGrid([client_app], run_config=cfg.to_run_config())
                         .contexts.values()))
-    monkeypatch.setattr(dqn, "_CLIENTS", {})
-    monkeypatch.setattr(dqn.DQNClients, "collect_and_train",  # the learning is not the point
-                        lambda self, k: (np.ones(k), None))
-    arrays = {"network": dqn.pack(initial_network(cfg.env_id, cfg.seed))}
-    dqn.LEARNER.train(context, cfg, arrays)
-    dqn.LEARNER.train(context, cfg, arrays)  # same process: its copy is current
-    monkeypatch.setattr(dqn, "_CLIENTS", {})  # another "actor"
-    with pytest.raises(RuntimeError, match="served by another process"):
-        dqn.LEARNER.train(context, cfg, arrays)
+    dqn.STATES.cache.clear()
+    anchors = np.random.default_rng(0).uniform(-0.1, 0.1, size=(30, 4))
+    dqn.LEARNER.train(context, cfg, {"anchors": anchors})
+    first = dqn.node_client(context, cfg)
+    stale = dict(dqn.STATES.cache)  # this "actor" saw round 1 only
+    teacher = {"anchors": anchors, "teacher": np.zeros((30, 2))}
+    dqn.LEARNER.evaluate(context, cfg, teacher)  # distils: a second Adam state moves
+    dqn.LEARNER.train(context, cfg, teacher)  # round 2 elsewhere
+    current = dqn.node_client(context, cfg)
+    assert current is first  # same version: the process copy is used
+    dqn.STATES.cache.clear()
+    dqn.STATES.cache.update(stale)
+    rebuilt = dqn.node_client(context, cfg)
+    assert rebuilt is not first and len(rebuilt.returns) == 2 * 5
+    assert rebuilt.returns == current.returns and rebuilt.info == current.info
+    a, b = rebuilt.client, current.client
+    for name in ("_params", "_target", "_opt", "_distill_opt"):
+        leaves_a = jax.tree_util.tree_leaves(getattr(a, name))
+        leaves_b = jax.tree_util.tree_leaves(getattr(b, name))
+        assert len(leaves_a) == len(leaves_b) > 0
+        for x, y in zip(leaves_a, leaves_b, strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert int(b.grad_steps[0]) > 0 and int(np.asarray(b._distill_opt[0].count)[0]) == 10
+    for name in ("s", "s2", "a", "r", "term", "ptr", "size"):
+        np.testing.assert_array_equal(getattr(a.replay, name), getattr(b.replay, name))
+    for name in ("epsilon", "episodes_done", "transitions", "grad_steps"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    assert [g.bit_generator.state for g in a._rngs + a._batch_rng] == \
+        [g.bit_generator.state for g in b._rngs + b._batch_rng]
+    # and it goes on as the copy that never moved
+    np.testing.assert_array_equal(a.collect_and_train(2), b.collect_and_train(2))
+    np.testing.assert_array_equal(a.get_parameters(0)[0], b.get_parameters(0)[0])

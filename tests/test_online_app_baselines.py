@@ -399,3 +399,62 @@ def test_a_pooled_sweep_reaches_only_a_pooled_client():
     cfg = RunConfig.from_run_config({"protocol": "online", "strategy": "avg"})
     with pytest.raises(ValueError, match="pooled sweep request reached a client of strategy"):
         LEARNER.pooled_sweep(None, cfg, {})
+
+
+def test_app_distillation_feddqn_equals_the_benchs_run(tmp_path, monkeypatch):
+    """Distillation FedDQN in the app (``learner = "dqn"``, ``strategy = "anchor"``,
+    heterogeneous widths) is the bench's ``run_distill_dqn(as_nodes=True)``: the same
+    anchors and teacher every round, each client's KL to it before and after its ten Adam
+    steps, and the training curve. Tolerances: the teacher is the same bits (equal weights:
+    the float32 replies sum exactly in float64, in any reply order); a KL is one float32
+    number that XLA computes on the same shapes in both (the bench's clients padded alike,
+    its distillation one client at a time), so the same bits here (rtol 1e-6 leaves room
+    for rounding only: XLA's vectorised
+    distillation of three clients already differs by 4e-5 after ten steps, and a skipped,
+    repeated or misplaced distillation, another initial network or minibatch by far
+    more); the curve (integer episode returns, mean over clients in reply order) 1e-9 as
+    above. Epsilon starts at 0.2, so the clients act mostly greedily and their returns
+    follow their networks. About 8 s (JAX compilation included)."""
+    pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    from fedqhd.baselines.dqn import DQNClients, run_distill_dqn
+    from fedqhd.learners.dqn import DISTILL_KL_AFTER, run_distill_kwargs
+
+    n, rounds_n, k = 3, 3, 4
+    calls: list[tuple[list, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+    real = DQNClients.distill
+
+    def spy(self, states, teacher, tau=1.0, steps=10):
+        before, after = real(self, states, teacher, tau, steps)
+        calls.append((self.hidden, np.array(states), np.array(teacher), before, after))
+        return before, after
+
+    monkeypatch.setattr(DQNClients, "distill", spy)
+    cfg = RunConfig.from_run_config({
+        "protocol": "online", "learner": "dqn", "strategy": "anchor", "encoder": "heterogeneous",
+        "online-settings": "manual", "episodes-per-round": k, "num-server-rounds": rounds_n,
+        "epsilon-start": 0.2, "epsilon-decay": 0.9, "epsilon-floor": 0.01, "num-anchors": 50,
+        "weighting": "uniform", "eval-episodes": 1, "seed": 3, "min-nodes": n,
+        "output-dir": str(tmp_path)})
+    _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),
+                            cfg)
+    rounds = json.loads((out / "results.json").read_text())["rounds"]
+    app_calls, calls[:] = list(calls), []
+    bench = run_distill_dqn(episodes=rounds_n * k, **run_distill_kwargs(cfg, n))
+    assert bench["hidden"] == [[128, 256], [64, 128], [96, 192]]
+    assert len(calls) == rounds_n and len(app_calls) == n * rounds_n  # once per round each
+    for r, (hidden, anchors, teacher, before, after) in enumerate(calls):
+        # the round's evaluations, in sampling order: a client's widths name it
+        for a_hidden, a_anchors, a_teacher, a_before, a_after in app_calls[r * n:(r + 1) * n]:
+            i = hidden.index(a_hidden[0])
+            np.testing.assert_array_equal(a_anchors, anchors)
+            np.testing.assert_array_equal(a_teacher, teacher)  # whatever the reply order
+            np.testing.assert_allclose([a_before[0], a_after[0]], [before[i], after[i]],
+                                       rtol=1e-6, atol=0)
+    app_curve = [r[TRAIN_RETURN_LAST100] for r in rounds]
+    bench_curve = [r["train-return-last100"] for r in bench["rounds"]]
+    np.testing.assert_allclose(app_curve, bench_curve, rtol=1e-9, atol=0)
+    assert len(set(bench_curve)) > 1  # the curve moves, so it says something
+    for r in rounds:  # every client trained and evaluated its own network
+        assert r[C.REPLIES_OK] == n and r[f"{C.EVALUATE_PREFIX}{C.REPLIES_OK}"] == n
+        assert np.isfinite(r[C.RETURN_MEAN]) and r[DISTILL_KL_AFTER] > 0

@@ -146,6 +146,22 @@ def test_anchor_teacher_is_weighted_mean_and_bad_shapes_are_rejected():
         FedQHDAnchor(np.zeros((0, 3)), 2)
 
 
+def test_equal_weight_mean_of_float32_replies_ignores_their_order():
+    """Replies arrive in sampling order; an in-process run sums in client order. With equal
+    weights the mean of float32 arrays is the same bits in every order, also where it is
+    near zero (the DQN baselines' Q-values and networks), so the app can equal the bench."""
+    from itertools import permutations
+
+    from fedqhd.strategies.screening import weighted_mean
+
+    rng = np.random.default_rng(0)
+    a = rng.normal(scale=0.05, size=(3, 400)).astype(np.float32)
+    a[2] = -(a[0] + a[1])  # float32 sums: the means are rounding residues, near zero
+    means = {weighted_mean([a[i].astype(np.float64) for i in order], np.ones(3))
+             .astype(np.float32).tobytes() for order in permutations(range(3))}
+    assert len(means) == 1
+
+
 # ---------- driven end to end by a minimal ClientApp written here ----------
 
 def _linear_client_app(dims: list[int], n_actions: int = 2) -> ClientApp:

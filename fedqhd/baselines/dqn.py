@@ -3,7 +3,9 @@
 A Flower-free numeric core (a Flower ClientApp can drive :class:`DQNClients`
 with ``n_clients=1`` through :meth:`~DQNClients.get_parameters`,
 :meth:`~DQNClients.set_parameters`, :meth:`~DQNClients.collect_and_train`,
-:meth:`~DQNClients.q_values` and :meth:`~DQNClients.distill`).
+:meth:`~DQNClients.q_values` and :meth:`~DQNClients.distill`, and carry it between
+messages with :meth:`~DQNClients.snapshot` / :meth:`~DQNClients.restore`;
+``fedqhd.learners.dqn`` does).
 
 Protocol (the paper's online setting): every client runs epsilon-greedy
 episodes of its current network in its own env copy, stores the transitions in
@@ -37,6 +39,7 @@ gradient steps (default 500) and after every FedAvg aggregation.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -50,11 +53,14 @@ from fedqhd.seeding import dqn_batch_rng, dqn_client_rngs, dqn_evaluation_seed, 
 
 __all__ = [
     "DQNClients",
+    "DISTILL_SETTINGS",
     "DQN_SETTINGS",
     "HETERO_WIDTHS",
     "PAPER_HIDDEN",
+    "distill_hidden",
     "fedavg",
     "initial_network",
+    "initial_networks",
     "mlp_q",
     "network_shapes",
     "run_distill_dqn",
@@ -73,6 +79,24 @@ DQN_SETTINGS: dict[str, Any] = dict(gamma=0.99, episodes_per_round=25,
 #: (none wider than the shared (128, 256), so padding costs no extra compute)
 HETERO_WIDTHS: tuple[tuple[int, int], ...] = ((128, 256), (64, 128), (96, 192), (128, 128),
                                               (48, 96))
+#: the paper's distillation settings, as :func:`run_distill_dqn` defaults to them: anchor
+#: states, softmax temperature, Adam steps per round; the Flower app takes them (its
+#: ``num-anchors`` under ``online-settings = "auto"``)
+DISTILL_SETTINGS: dict[str, Any] = dict(n_anchors=200, tau=1.0, distill_steps=10)
+#: distillation settings ("shared": one architecture; "heterogeneous": widths cycled)
+DISTILL_SETTINGS_KINDS: tuple[str, ...] = ("shared", "heterogeneous")
+
+
+def distill_hidden(setting: str, client: int,
+                   hetero_widths: Sequence[Sequence[int]] = HETERO_WIDTHS) -> tuple[int, int]:
+    """Hidden widths of distillation client ``client``: the paper's (128, 256) in the
+    shared setting, ``hetero_widths`` cycled over clients in the heterogeneous one."""
+    if setting == "shared":
+        return PAPER_HIDDEN
+    if setting == "heterogeneous":
+        h1, h2 = hetero_widths[client % len(hetero_widths)]
+        return int(h1), int(h2)
+    raise ValueError(f"setting must be one of {DISTILL_SETTINGS_KINDS}, got {setting!r}")
 
 
 def _require_jax():
@@ -161,12 +185,24 @@ def network_shapes(obs_dim: int, n_actions: int, hidden: Sequence[int] = PAPER_H
     return [(obs_dim, h1), (h1,), (h1, h2), (h2,), (h2, n_actions), (n_actions,)]
 
 
+def initial_networks(env_id: str, seed: int, hidden: Sequence[Sequence[int]],
+                     same_init: bool = False) -> list[list[np.ndarray]]:
+    """The initial networks of clients 0, 1, ... of widths ``hidden`` (one pair each), as
+    :class:`DQNClients` draws them without JAX: one after the other from
+    :func:`fedqhd.seeding.dqn_init_rng` (a node holding client ``i`` alone draws the ``i``
+    before it and keeps the last), or all the first one (``same_init``)."""
+    spec = get_spec(env_id)
+    shared = dqn_init_rng(seed)
+    return [_init_mlp(dqn_init_rng(seed) if same_init else shared,
+                      (spec.obs_dim, *(int(h) for h in pair), spec.n_actions))
+            for pair in hidden]
+
+
 def initial_network(env_id: str, seed: int, hidden: Sequence[int] = PAPER_HIDDEN
                     ) -> list[np.ndarray]:
     """The network every FedAvg-DQN client starts from (``same_init``): drawn from
     :func:`fedqhd.seeding.dqn_init_rng`, without JAX."""
-    spec = get_spec(env_id)
-    return _init_mlp(dqn_init_rng(seed), (spec.obs_dim, *hidden, spec.n_actions))
+    return initial_networks(env_id, seed, [hidden])[0]
 
 
 def mlp_q(params: Sequence[np.ndarray], states: np.ndarray) -> np.ndarray:
@@ -219,9 +255,19 @@ class _Replay:
         self.ptr[i] = (k + 1) % self.capacity
         self.size[i] = min(self.size[i] + 1, self.capacity)
 
-    def sample(self, rng: np.random.Generator, batch: int):
+    def sample(self, rng: np.random.Generator | Sequence[np.random.Generator], batch: int,
+               active: np.ndarray):
+        """A minibatch per client: from one stream for all (``rng``), or from client
+        ``i``'s own stream ``rng[i]``, drawn only while it is ``active`` (as a node alone
+        draws); an inactive client's rows are unused."""
         n = len(self.size)
-        idx = (rng.random((n, batch)) * np.maximum(self.size, 1)[:, None]).astype(np.int64)
+        span = np.maximum(self.size, 1)
+        if isinstance(rng, np.random.Generator):
+            idx = (rng.random((n, batch)) * span[:, None]).astype(np.int64)
+        else:
+            idx = np.zeros((n, batch), np.int64)
+            for i in np.flatnonzero(active).tolist():
+                idx[i] = (rng[i].random(batch) * span[i]).astype(np.int64)
         rows = np.arange(n)[:, None]
         return self.s[rows, idx], self.a[rows, idx], self.r[rows, idx], self.s2[rows, idx], \
             self.term[rows, idx]
@@ -259,6 +305,24 @@ class DQNClients:
     first_client : int
         Index of the first client held: its exploration stream is client
         ``first_client``'s of an in-process run (a Flower node holds its partition alone).
+    networks : sequence of lists of arrays, optional
+        The clients' initial networks (unpadded, one per client); default: drawn as
+        :func:`initial_networks` draws them.
+    pad_to : (int, int), optional
+        Hidden widths to pad the network to (at least the clients' own): a node padded
+        to the widest client of its run computes with the in-process run's shapes (XLA
+        rounds a narrower network's products differently).
+    as_nodes : bool
+        Every client is drawn and computed as a Flower node holding it alone: its
+        minibatches from its own stream, only while it acts
+        (:func:`fedqhd.seeding.dqn_batch_rng` of that client), and its distillation
+        computed apart (XLA's vectorised distillation over several clients rounds
+        differently from one client's, by ~1e-5 of the KL after ten steps; the vectorised
+        TD step gives one client's numbers bit for bit on this code's CPU builds, checked
+        by ``tests/test_online_app_baselines.py``). So an in-process run is the app's run
+        number for number. Default: one minibatch stream and one vectorised distillation
+        for all clients (the layout the rows of BENCHMARKS.md were measured with). One
+        client alone is the same either way.
     """
 
     def __init__(
@@ -279,6 +343,9 @@ class DQNClients:
         target_update: int = 500,
         dynamics: dict | Sequence[dict | None] | None = None,
         first_client: int = 0,
+        networks: Sequence[Sequence[np.ndarray]] | None = None,
+        pad_to: Sequence[int] | None = None,
+        as_nodes: bool = False,
     ):
         jax, jnp, _ = _require_jax()
         self._jnp = jnp
@@ -297,15 +364,25 @@ class DQNClients:
         self._k = _kernels(float(lr), float(gamma))
 
         self._rngs = dqn_client_rngs(seed, n, first_client)
-        self._batch_rng = dqn_batch_rng(seed, n, first_client)
-        h1m = max(h[0] for h in self.hidden)
-        h2m = max(h[1] for h in self.hidden)
+        self._as_nodes = bool(as_nodes)
+        self._batch_rng: np.random.Generator | list[np.random.Generator] = (
+            [dqn_batch_rng(seed, 1, first_client + i) for i in range(n)] if as_nodes
+            else dqn_batch_rng(seed, n, first_client))
+        pad = (0, 0) if pad_to is None else tuple(int(h) for h in pad_to)
+        h1m = max(pad[0], *(h[0] for h in self.hidden))
+        h2m = max(pad[1], *(h[1] for h in self.hidden))
         self._h_max = (h1m, h2m)
         stacked = [np.zeros((n, *shape), np.float32) for shape in self._shapes(h1m, h2m)]
-        init_rng = dqn_init_rng(seed)
+        if networks is None:
+            networks = initial_networks(env_id, seed, self.hidden, same_init)
+        if len(networks) != n:
+            raise ValueError(f"networks must hold {n} initial networks, got {len(networks)}")
         for i, (h1, h2) in enumerate(self.hidden):
-            rng = init_rng if not same_init else dqn_init_rng(seed)
-            self._pad_into(stacked, i, _init_mlp(rng, (self.obs_dim, h1, h2, self.n_actions)))
+            arrays = [np.asarray(a, np.float32) for a in networks[i]]
+            if [a.shape for a in arrays] != self._shapes(h1, h2):
+                raise ValueError(f"client {i}'s initial network must have shapes "
+                                 f"{self._shapes(h1, h2)}")
+            self._pad_into(stacked, i, arrays)
         masks = (np.zeros((n, h1m), np.float32), np.zeros((n, h2m), np.float32))
         for i, (h1, h2) in enumerate(self.hidden):
             masks[0][i, :h1] = 1.0
@@ -397,7 +474,7 @@ class DQNClients:
             do_train = active & (self.replay.size >= self.learning_starts)
             self.grad_steps += do_train
             do_sync = do_train & (self.grad_steps % self.target_update == 0)
-            batch = self.replay.sample(self._batch_rng, self.batch_size)
+            batch = self.replay.sample(self._batch_rng, self.batch_size, active)
             self._params, self._target, self._opt, _, g = self._k.step(
                 self._params, self._target, self._opt, self._masks, *batch,
                 do_train, do_sync, obs)
@@ -429,11 +506,19 @@ class DQNClients:
         The distillation Adam state is kept apart from the TD one. Returns the KL
         before and after, per client.
         """
+        jax = _require_jax()[0]
         t = np.broadcast_to(np.asarray(teacher, np.float32),
                             (self.n_clients, len(states), self.n_actions))
-        self._params, self._distill_opt, before, after = self._k.distill(
-            self._params, self._distill_opt, self._masks, np.asarray(states, np.float32),
-            t, float(tau), int(steps))
+        x = np.asarray(states, np.float32)
+        args = (self._params, self._distill_opt, self._masks)
+        if self._as_nodes and self.n_clients > 1:  # one client at a time, as nodes compute
+            parts = [self._k.distill(*jax.tree_util.tree_map(lambda a, i=i: a[i:i + 1], args),
+                                     x, t[i:i + 1], float(tau), int(steps))
+                     for i in range(self.n_clients)]
+            out = jax.tree_util.tree_map(lambda *a: self._jnp.concatenate(a), *parts)
+        else:
+            out = self._k.distill(*args, x, t, float(tau), int(steps))
+        self._params, self._distill_opt, before, after = out
         return np.asarray(before), np.asarray(after)
 
     def greedy_policy(self, i: int = 0):
@@ -445,9 +530,83 @@ class DQNClients:
 
         return policy
 
+    # ---- state between rounds (a Flower node's context.state) ----------------------
+    def snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Everything that carries over between calls, as arrays and scalars: the
+        (padded) online and target networks, both Adam states, the replay rows held and
+        their pointer, the RNG states (exploration and env resets; minibatches), epsilon
+        and the counters. :meth:`restore` on a client built with the same settings makes
+        it this client, bit for bit. The envs are not in it: every call resets them from
+        the exploration stream."""
+        jax = _require_jax()[0]
+        rows = int(self.replay.size.max())
+        arrays: dict[str, np.ndarray] = {}
+        for name, tree in (("params", self._params), ("target", self._target),
+                           ("adam", self._opt), ("distill-adam", self._distill_opt)):
+            for k, leaf in enumerate(jax.tree_util.tree_leaves(tree)):
+                arrays[f"{name}-{k}"] = np.array(leaf)
+        r = self.replay
+        arrays.update({"replay-s": r.s[:, :rows], "replay-s2": r.s2[:, :rows],
+                       "replay-a": r.a[:, :rows], "replay-r": r.r[:, :rows],
+                       "replay-term": r.term[:, :rows], "replay-ptr": r.ptr,
+                       "replay-size": r.size, "epsilon": self.epsilon,
+                       "episodes-done": self.episodes_done, "transitions": self.transitions,
+                       "grad-steps": self.grad_steps})
+        batch = (self._batch_rng if isinstance(self._batch_rng, list) else [self._batch_rng])
+        scalars = {"rngs": json.dumps([g.bit_generator.state for g in self._rngs]),
+                   "batch-rngs": json.dumps([g.bit_generator.state for g in batch]),
+                   "step-calls": self.step_calls}
+        return {k: np.array(v) for k, v in arrays.items()}, scalars
+
+    def restore(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> None:
+        """Become the client :meth:`snapshot` described (this one built with the same
+        settings)."""
+        jax, jnp, _ = _require_jax()
+        trees = {}
+        for name, tree in (("params", self._params), ("target", self._target),
+                           ("adam", self._opt), ("distill-adam", self._distill_opt)):
+            leaves, treedef = jax.tree_util.tree_flatten(tree)
+            saved = [arrays.get(f"{name}-{k}") for k in range(len(leaves))]
+            if any(a is None or a.shape != leaf.shape or a.dtype != leaf.dtype
+                   for a, leaf in zip(saved, leaves, strict=True)):
+                raise ValueError(f"snapshot {name!r} does not fit this client (built with "
+                                 "other widths, clients or settings)")
+            trees[name] = jax.tree_util.tree_unflatten(treedef,
+                                                       [jnp.asarray(a) for a in saved])
+        self._params, self._target = trees["params"], trees["target"]
+        self._opt, self._distill_opt = trees["adam"], trees["distill-adam"]
+        r = self.replay
+        rows = arrays["replay-s"].shape[1]
+        if rows > r.capacity:
+            raise ValueError(f"snapshot replay of {rows} rows does not fit {r.capacity}")
+        for name in ("s", "s2", "a", "r", "term"):
+            buf = getattr(r, name)
+            buf[...] = 0
+            buf[:, :rows] = arrays[f"replay-{name}"]
+        r.ptr[:], r.size[:] = arrays["replay-ptr"], arrays["replay-size"]
+        self.epsilon[:] = arrays["epsilon"]
+        self.episodes_done[:] = arrays["episodes-done"]
+        self.transitions[:] = arrays["transitions"]
+        self.grad_steps[:] = arrays["grad-steps"]
+        batch = (self._batch_rng if isinstance(self._batch_rng, list) else [self._batch_rng])
+        for g, state in zip([*self._rngs, *batch], [*json.loads(str(scalars["rngs"])),
+                                                     *json.loads(str(scalars["batch-rngs"]))],
+                            strict=True):
+            g.bit_generator.state = state
+        self.step_calls = int(scalars["step-calls"])
+
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def _app_mean(arrays: Sequence[np.ndarray], weights: np.ndarray | None = None) -> np.ndarray:
+    """The weighted mean (default: uniform) the app's strategies form of the clients'
+    float32 ``arrays`` (:func:`fedqhd.strategies.screening.weighted_mean`, in float64)."""
+    from fedqhd.strategies.screening import weighted_mean
+
+    w = np.ones(len(arrays)) if weights is None else weights
+    return weighted_mean([np.asarray(a, np.float64) for a in arrays], w)
 
 
 def _last100(returns: np.ndarray) -> float:
@@ -486,11 +645,15 @@ def run_fedavg_dqn(
     eval_episodes: int = 10,
     dynamics: dict | Sequence[dict | None] | None = None,
     verbose: bool = False,
+    as_nodes: bool = False,
     **dqn_kwargs,
 ) -> dict:
     """FedAvg-DQN in process: all clients start from one network; every
     ``aggregate_every`` episodes their parameters are averaged (``weighting``
     "uniform" or "transitions": by env steps collected in the round) and sent back.
+    ``as_nodes=True`` runs what the Flower app runs (``learner = "dqn"``, uniform
+    weighting): every client drawn and computed as a node alone (:class:`DQNClients`),
+    the mean formed as the app's strategy forms it.
 
     Returns a dict with per-round ``rounds`` (``train-return-last100`` so far),
     ``returns`` (n_clients, episodes), the final ``train-return-last100``, the
@@ -502,7 +665,7 @@ def run_fedavg_dqn(
         raise ValueError(f"weighting must be uniform or transitions, got {weighting!r}")
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     clients = DQNClients(env_id, n_clients, seed, same_init=True, dynamics=dynamics,
-                         **dqn_kwargs)
+                         as_nodes=as_nodes, **dqn_kwargs)
     try:
         chunks: list[Any] = []
         rounds: list[dict[str, Any]] = []
@@ -513,7 +676,9 @@ def run_fedavg_dqn(
             chunks.append(clients.collect_and_train(k))
             done += k
             w = None if weighting == "uniform" else clients.transitions - before
-            glob = fedavg([clients.get_parameters(i) for i in range(n_clients)], w)
+            params = [clients.get_parameters(i) for i in range(n_clients)]
+            glob = ([_app_mean([p[k] for p in params], w).astype(np.float32)
+                     for k in range(len(params[0]))] if as_nodes else fedavg(params, w))
             for i in range(n_clients):
                 clients.set_parameters(glob, i)
             ret = np.concatenate(chunks, axis=1)
@@ -539,14 +704,16 @@ def run_distill_dqn(
     aggregate_every: int = 25,
     seed: int = 42,
     setting: str = "shared",
-    tau: float = 1.0,
-    distill_steps: int = 10,
-    n_anchors: int = 200,
+    tau: float = DISTILL_SETTINGS["tau"],
+    distill_steps: int = DISTILL_SETTINGS["distill_steps"],
+    n_anchors: int = DISTILL_SETTINGS["n_anchors"],
     anchor_source: str = "rollouts",
     hetero_widths: Sequence[Sequence[int]] = HETERO_WIDTHS,
     eval_episodes: int = 10,
     dynamics: dict | Sequence[dict | None] | None = None,
     verbose: bool = False,
+    anchor_file: str = "",
+    as_nodes: bool = False,
     **dqn_kwargs,
 ) -> dict:
     """Distillation FedDQN in process: clients keep their own networks; every
@@ -561,17 +728,20 @@ def run_distill_dqn(
     (mean over clients), ``greedy-return`` the clients' mean greedy return after
     the last round and ``greedy-return-before-last-distill`` the same just before
     that round's distillation.
+
+    ``as_nodes=True`` runs what the Flower app runs (``learner = "dqn"``,
+    ``strategy = "anchor"``, uniform weighting): every client is drawn and computed as a
+    node alone (see :class:`DQNClients`) and the teacher is the float64 mean of the
+    float32 Q-values, as the app's strategy forms it. ``anchor_file``: the anchors'
+    file when ``anchor_source`` is "file".
     """
+    hidden: Any = [distill_hidden(setting, i, hetero_widths) for i in range(n_clients)]
     if setting == "shared":
-        hidden = dqn_kwargs.pop("hidden", (128, 256))
-    elif setting == "heterogeneous":
-        hidden = [tuple(hetero_widths[i % len(hetero_widths)]) for i in range(n_clients)]
-    else:
-        raise ValueError(f"setting must be shared or heterogeneous, got {setting!r}")
+        hidden = dqn_kwargs.pop("hidden", hidden)
     t_wall, t_cpu = time.perf_counter(), time.process_time()
-    anchors = make_anchors(anchor_source, env_id, n_anchors, seed)
+    anchors = make_anchors(anchor_source, env_id, n_anchors, seed, path=anchor_file)
     clients = DQNClients(env_id, n_clients, seed, hidden=hidden, dynamics=dynamics,
-                         **dqn_kwargs)
+                         as_nodes=as_nodes, **dqn_kwargs)
     try:
         chunks: list[Any] = []
         rounds: list[dict[str, Any]] = []
@@ -584,7 +754,8 @@ def run_distill_dqn(
                 before_last = [rollout_returns(env_id, clients.greedy_policy(i), eval_episodes,
                                                dqn_evaluation_seed(seed)).mean()
                                for i in range(n_clients)]
-            teacher = clients.q_values(anchors).mean(axis=0)
+            q = clients.q_values(anchors)
+            teacher = _app_mean(list(q)) if as_nodes else q.mean(axis=0)
             kl0, kl1 = clients.distill(anchors, teacher, tau, distill_steps)
             ret = np.concatenate(chunks, axis=1)
             rounds.append({"round": len(rounds) + 1, "episodes": done,

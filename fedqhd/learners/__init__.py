@@ -3,10 +3,11 @@ handlers, server evaluation, log line and final report.
 
 ``fqi`` (ridge fitted Q-iteration on HD features, :mod:`fedqhd.learners.fqi`),
 ``pool`` (zCDP-private POOL on the inventory MDP, :mod:`fedqhd.learners.pool`) and
-``dqn`` (FedAvg-DQN, the FedQHD paper's deep baseline, online protocol only,
-:mod:`fedqhd.learners.dqn`) are built in. A learner is a module-level object implementing
-:class:`~fedqhd.learners.base.Learner`; :func:`register_learner` adds one under a
-new name (``"module:attribute"``, imported on first use).
+``dqn`` (the FedQHD paper's deep baselines, FedAvg-DQN and distillation FedDQN,
+online protocol only, :mod:`fedqhd.learners.dqn`) are built in. A learner is a
+module-level object implementing :class:`~fedqhd.learners.base.Learner`;
+:func:`register_learner` adds one under a new name (``"module:attribute"``, imported on
+first use).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from fedqhd.learners.base import Learner, ServerPlan
 _REGISTRY: dict[str, str] = {
     "fqi": "fedqhd.learners.fqi:LEARNER",
     "pool": "fedqhd.learners.pool:LEARNER",
-    "dqn": "fedqhd.learners.dqn:LEARNER",  # FedAvg-DQN, the paper's baseline (extra dqn)
+    "dqn": "fedqhd.learners.dqn:LEARNER",  # the paper's deep baselines (extra dqn)
     "fqi-online": "fedqhd.learners.fqi_online:LEARNER",  # learner fqi, protocol online
 }
 

@@ -1,35 +1,57 @@
-"""FedAvg-DQN in the Flower app: the FedQHD paper's deep baseline (``learner = "dqn"``).
+"""The FedQHD paper's deep baselines in the Flower app (``learner = "dqn"``).
 
-Every round each client loads the global network, runs ``episodes-per-round``
-epsilon-greedy episodes in its own env copy, one Adam step on a replay minibatch
-after every env step (:class:`fedqhd.baselines.dqn.DQNClients` holding this one
-client, its replay buffer, Adam state and epsilon kept in the process that serves
-the node), and replies its network flattened (``"network"``); the server averages
-the networks (:class:`~fedqhd.strategies.FedQHDAvg` with ``array_key="network"``:
-plain FedAvg, screened like every fedqhd strategy) and evaluates the global
-network's greedy policy. Every reply carries ``train-return-last100``.
+Every round each client runs ``episodes-per-round`` epsilon-greedy episodes in its own
+env copy, one Adam step on a replay minibatch after every env step
+(:class:`fedqhd.baselines.dqn.DQNClients` holding this one client), and replies:
+
+* FedAvg-DQN (``strategy = "auto"`` or ``"avg"``, shared ``encoder``): the client first
+  loads the global network (target network reset to it, Adam state kept) and replies its
+  network flattened (``"network"``); the server averages the networks
+  (:class:`~fedqhd.strategies.FedQHDAvg` with ``array_key="network"``: plain FedAvg,
+  screened like every fedqhd strategy) and evaluates the global network's greedy policy.
+* Distillation FedDQN (``strategy = "anchor"``; ``encoder = "heterogeneous"`` gives
+  the clients the cycled hidden widths of :data:`~fedqhd.baselines.dqn.HETERO_WIDTHS`):
+  clients keep their own networks (independent inits) and reply their Q-values on the
+  run's anchor states (:class:`~fedqhd.strategies.FedQHDAnchor`, the anchors the bench
+  draws); each client takes ``distill_steps`` Adam steps of
+  ``KL(softmax(teacher / tau) || softmax(Q / tau))`` toward the teacher once, at the
+  round's evaluation (or its next train if it was not evaluated), and evaluates its own
+  network. Settings: :data:`~fedqhd.baselines.dqn.DISTILL_SETTINGS`.
+
+Every reply carries ``train-return-last100``. Same initial networks, exploration and
+minibatch streams and settings as the bench's :func:`~fedqhd.baselines.dqn.run_distill_dqn`
+with ``as_nodes=True`` (:func:`run_distill_kwargs`), which the app equals number for
+number: each node computes with the padded shapes the in-process run uses.
+
+A node's client (networks, target, both Adam states, replay rows and pointer, RNG
+states, epsilon, counters, episode returns, the last distilled teacher's digest) lives in
+its ``context.state``, written after every reply that changed it with a new version token
+(:class:`~fedqhd.learners.nodestate.NodeStates`): Flower's Ray actor pool serves a node's
+messages from whichever actor is free. A process's copy is used only at the Context's
+version; otherwise the client is rebuilt from ``context.state``, bit for bit.
 
 Needs JAX and optax (the optional extra ``dqn``); without them the run config is
-refused with the install command. Same network init, exploration streams and
-settings as :func:`fedqhd.baselines.dqn.run_fedavg_dqn`, but not bit-identical to it:
-in process one minibatch stream serves all clients and XLA computes them vectorised;
-here each node draws its own minibatches and computes alone.
+refused with the install command.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
-import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.app import ArrayRecord, Context, MetricRecord
 
 from fedqhd.baselines.dqn import (
+    DISTILL_SETTINGS,
     PAPER_HIDDEN,
     DQNClients,
+    distill_hidden,
     initial_network,
+    initial_networks,
     mlp_q,
     network_shapes,
 )
@@ -46,15 +68,30 @@ from fedqhd.learners.base import (
     partition,
     reply_counts_text,
 )
+from fedqhd.learners.fqi import anchor_plan
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, with_train_return
+from fedqhd.learners.nodestate import NodeStates
 from fedqhd.seeding import SERVER, evaluation_seed
 from fedqhd.strategies import FedQHDAvg
 from fedqhd.strategies import contract as C
 
-#: this process's DQN clients, by (run, partition, partitions, config): replay, Adam,
-#: epsilon, episode returns, and the version of the node's context.state they belong to
-_CLIENTS: dict[tuple[Any, ...], tuple[DQNClients, list[float], str]] = {}
-STATE_META = "fedqhd-dqn-meta"  #: context.state ConfigRecord: version of the node's client
+DISTILL_KL_BEFORE = "distill-kl-before"  #: reply metric: KL to the teacher before its steps
+DISTILL_KL_AFTER = "distill-kl-after"  #: reply metric: and after
+_INFO_KEYS = ("teacher-digest",)  # node facts in context.state beside the client's
+
+
+@dataclass
+class DQNNode:
+    """One node's DQN client, its training episode returns and its last distillation."""
+
+    client: DQNClients
+    returns: list[float] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)  #: _INFO_KEYS
+
+
+#: the nodes' states in context.state, and this process's copies
+STATES: NodeStates[DQNNode] = NodeStates("fedqhd-dqn", close=lambda node: node.client.close())
+
 
 def pack(params: Sequence[np.ndarray]) -> np.ndarray:
     """The network's arrays flattened into one float32 vector (the ``"network"`` array)."""
@@ -83,64 +120,115 @@ def _greedy_returns(cfg: RunConfig, params: Sequence[np.ndarray], party: int,
                                  dynamics=dynamics or None)
 
 
-def _state_version(context: Context) -> str:
-    if STATE_META not in context.state:
-        return ""
-    return str(context.state[STATE_META]["version"])  # type: ignore[index]
+def is_distillation(cfg: RunConfig) -> bool:
+    """Distillation FedDQN (``strategy`` anchor), else FedAvg-DQN."""
+    return cfg.resolved_strategy == "anchor"
 
 
-def node_client(context: Context, cfg: RunConfig) -> tuple[DQNClients, list[float]]:
-    """This node's DQN client (built on its first message) and its episode returns.
+def distill_setting(cfg: RunConfig) -> str:
+    """The distillation setting of ``cfg``: one architecture (shared ``encoder``) or the
+    cycled widths (heterogeneous)."""
+    return "shared" if cfg.encoder == "shared" else "heterogeneous"
 
-    The client (replay buffer, Adam state, epsilon) lives in the process that serves the
-    node; ``context.state`` holds only its version. A node whose state says it was served
-    before by another process (Flower's Ray actor pool has no node affinity) raises
-    rather than continue from a partial copy."""
-    pid, n_parts = partition(context)
-    key = (context.run_id, pid, n_parts, cfg)
-    version = _state_version(context)
-    cached = _CLIENTS.get(key)
-    if cached is not None and cached[2] == version:
-        return cached[0], cached[1]
-    if version:
-        raise RuntimeError(
-            f"learner 'dqn': node {context.node_id} (partition {pid}) was served by another "
-            "process since this process last saw it (its replay buffer and optimiser live "
-            "in one process); run it in process, or under Ray with one actor "
-            "(client-resources-num-cpus = the machine's CPUs)")
-    dynamics = partition_settings(cfg.partition, pid, n_parts, cfg.seed,
-                                  env_id=cfg.env_id)["dynamics"]
-    client = DQNClients(cfg.env_id, 1, cfg.seed, hidden=PAPER_HIDDEN, gamma=cfg.gamma,
+
+def _hidden(cfg: RunConfig, client: int) -> tuple[int, int]:
+    return distill_hidden(distill_setting(cfg), client) if is_distillation(cfg) else PAPER_HIDDEN
+
+
+def _dynamics(cfg: RunConfig, pid: int, n_parts: int) -> dict[str, float]:
+    return partition_settings(cfg.partition, pid, n_parts, cfg.seed,
+                              env_id=cfg.env_id)["dynamics"]
+
+
+def _new_node(cfg: RunConfig, pid: int, n_parts: int) -> DQNNode:
+    """A fresh client of partition ``pid``: client ``pid`` of the in-process run (its
+    exploration and minibatch streams; under distillation its own initial network and the
+    run's widest shapes, as the in-process run pads it)."""
+    hidden = [_hidden(cfg, i) for i in range(n_parts)]
+    networks = ([initial_networks(cfg.env_id, cfg.seed, hidden[:pid + 1])[pid]]
+                if is_distillation(cfg) else None)  # FedAvg: the global network, each round
+    client = DQNClients(cfg.env_id, 1, cfg.seed, hidden=[hidden[pid]], gamma=cfg.gamma,
                         eps_start=cfg.epsilon_start, eps_decay=cfg.epsilon_decay,
-                        eps_min=cfg.epsilon_floor, dynamics=dynamics or None,
-                        first_client=pid)
-    for stale in [k for k in _CLIENTS if k == key or k[0] != context.run_id or k[3] != cfg]:
-        _CLIENTS.pop(stale)[0].close()
-    _CLIENTS[key] = (client, [], version)
-    return client, _CLIENTS[key][1]
+                        eps_min=cfg.epsilon_floor,
+                        dynamics=_dynamics(cfg, pid, n_parts) or None, first_client=pid,
+                        networks=networks,
+                        pad_to=(max(h[0] for h in hidden), max(h[1] for h in hidden)),
+                        as_nodes=True)
+    return DQNNode(client)
 
 
-def _save_version(context: Context, cfg: RunConfig) -> None:
-    """A new version of the node's client, in ``context.state`` and this process's copy."""
+def _restore(node: DQNNode, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    node.client.restore(arrays, meta)
+    node.returns = [float(r) for r in arrays["episode-returns"]]
+    node.info = {k: meta[k] for k in _INFO_KEYS if k in meta}
+
+
+def node_client(context: Context, cfg: RunConfig) -> DQNNode:
+    """This node's client: this process's copy when it is the version in
+    ``context.state``, else rebuilt from ``context.state`` (fresh on the first message)."""
     pid, n_parts = partition(context)
-    key = (context.run_id, pid, n_parts, cfg)
-    version = secrets.token_hex(8)
-    context.state[STATE_META] = ConfigRecord({"version": version})
-    client, returns, _ = _CLIENTS[key]
-    _CLIENTS[key] = (client, returns, version)
+    return STATES.load(context, cfg, lambda: _new_node(cfg, pid, n_parts), _restore)
 
-class FedAvgDQN:
-    """Registry entry ``dqn``."""
+
+def save_node(context: Context, cfg: RunConfig, node: DQNNode) -> None:
+    """Write the node's client into ``context.state`` under a new version."""
+    arrays, scalars = node.client.snapshot()
+    arrays["episode-returns"] = np.asarray(node.returns, dtype=np.float64)
+    STATES.save(context, cfg, node, arrays, {**scalars, **node.info})
+
+
+def _adopt(node: DQNNode, cfg: RunConfig, arrays: Arrays, metrics: Metrics) -> bool:
+    """Start from the global model: load the global network (FedAvg), or distil the
+    teacher, once (a teacher distilled at evaluation is not distilled again by the next
+    train, which receives the same one; the KLs are reported by the call that distilled).
+    True when the client changed."""
+    if C.NETWORK in arrays:
+        node.client.set_parameters(unpack(arrays[C.NETWORK], _shapes(cfg)), 0)
+        return True
+    if C.TEACHER not in arrays:
+        return False
+    teacher = np.ascontiguousarray(arrays[C.TEACHER], dtype=np.float64)
+    digest = hashlib.sha1(teacher.tobytes()).hexdigest()
+    if node.info.get("teacher-digest") == digest:
+        return False
+    before, after = node.client.distill(arrays[C.ANCHORS], teacher, DISTILL_SETTINGS["tau"],
+                                        DISTILL_SETTINGS["distill_steps"])
+    node.info = {"teacher-digest": digest}
+    metrics.update({DISTILL_KL_BEFORE: float(before[0]), DISTILL_KL_AFTER: float(after[0])})
+    return True
+
+
+def run_distill_kwargs(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
+    """The arguments of :func:`fedqhd.baselines.dqn.run_distill_dqn` (the bench) that run
+    what the app runs under ``cfg`` with ``n_clients`` nodes (``episodes`` is the
+    caller's: rounds x ``episodes-per-round``). The app's teacher is the uniform mean
+    only under ``weighting = "uniform"``, as the bench's."""
+    return dict(env_id=cfg.env_id, n_clients=n_clients, aggregate_every=cfg.episodes_per_round,
+                seed=cfg.seed, setting=distill_setting(cfg), n_anchors=cfg.num_anchors,
+                anchor_source=cfg.anchor_source, anchor_file=cfg.anchor_file,
+                eval_episodes=cfg.eval_episodes, gamma=cfg.gamma,
+                eps_start=cfg.epsilon_start, eps_decay=cfg.epsilon_decay,
+                eps_min=cfg.epsilon_floor,
+                dynamics=[_dynamics(cfg, i, n_clients) or None for i in range(n_clients)],
+                as_nodes=True)
+
+
+class DeepBaselines:
+    """Registry entry ``dqn``: FedAvg-DQN or distillation FedDQN."""
 
     name = "dqn"
     log_label = "fedqhd"
-    curves = Curves("return", ((C.RETURN_MEAN, "greedy return of the global network"),
+    curves = Curves("return", ((C.RETURN_MEAN, "greedy return (FedAvg: the global network; "
+                                               "distillation: the clients' own)"),
                                (TRAIN_RETURN_LAST100, "training return, clients' last 100 "
                                                       "episodes (the paper's metric)")),
-                    band=(C.RETURN_STD, "+- std of the greedy return over episodes"))
+                    band=(C.RETURN_STD, "+- std of the greedy return over episodes"),
+                    diagnostics=((DISTILL_KL_AFTER, "KL to the teacher after distillation"),))
 
     def title(self, cfg: RunConfig) -> str:
-        return f"{cfg.env_id}: FedAvg-DQN, {cfg.episodes_per_round} episodes per round"
+        method = (f"distillation FedDQN ({distill_setting(cfg)} widths)"
+                  if is_distillation(cfg) else "FedAvg-DQN")
+        return f"{cfg.env_id}: {method}, {cfg.episodes_per_round} episodes per round"
 
     def check_config(self, cfg: RunConfig) -> str | None:
         problem = env_problem(self.name, tuple(ENV_IDS), cfg.env_id)
@@ -151,17 +239,24 @@ class FedAvgDQN:
             return (f"run-config key 'learner' = 'dqn' needs {' and '.join(missing)}: install "
                     "the optional extra, pip install 'fedqhd[dqn]'")
         if cfg.protocol != "online":
-            return ("run-config key 'learner' = 'dqn' (FedAvg-DQN learns from the episodes it "
-                    f"collects) needs 'protocol' = 'online', got {cfg.protocol!r}")
-        if cfg.strategy not in ("auto", "avg"):
-            return (f"run-config key 'strategy' = {cfg.strategy!r}: learner 'dqn' is FedAvg "
-                    "of networks, strategy 'auto' or 'avg'")
+            return ("run-config key 'learner' = 'dqn' (the paper's deep baselines learn from "
+                    f"the episodes they collect) needs 'protocol' = 'online', got "
+                    f"{cfg.protocol!r}")
+        if cfg.strategy not in ("auto", "avg", "anchor"):
+            return (f"run-config key 'strategy' = {cfg.strategy!r}: learner 'dqn' runs "
+                    "FedAvg-DQN (strategy 'auto' or 'avg', shared encoder) or distillation "
+                    "FedDQN (strategy 'anchor', or 'auto' with encoder 'heterogeneous')")
         if cfg.partition == "dynamics-skew" and not get_spec(cfg.env_id).dynamics_ranges:
             return (f"run-config key 'partition' = 'dynamics-skew' needs an env with dynamics "
                     f"parameters; {cfg.env_id!r} registers none")
         return None
 
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
+        if is_distillation(cfg):
+            plan = anchor_plan(cfg, **strategy_kwargs)
+            plan.run_info["distillation"] = {**DISTILL_SETTINGS, "n_anchors": cfg.num_anchors,
+                                             "setting": distill_setting(cfg)}
+            return with_train_return(plan)
         shapes = _shapes(cfg)
         kwargs = {k: v for k, v in strategy_kwargs.items() if k != "min_evaluate_nodes"}
         strategy = FedQHDAvg(fraction_evaluate=0.0, array_key=C.NETWORK, **kwargs)
@@ -177,9 +272,11 @@ class FedAvgDQN:
 
     def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
         nan = float("nan")
+        kl = (f" | KL to teacher {row[DISTILL_KL_BEFORE]:.3g} -> {row[DISTILL_KL_AFTER]:.3g}"
+              if DISTILL_KL_AFTER in row else "")
         return (f"train return (last 100) {row.get(TRAIN_RETURN_LAST100, nan):.1f} | greedy "
-                f"return {row.get(C.RETURN_MEAN, nan):.1f} +- {row.get(C.RETURN_STD, nan):.1f} "
-                f"| {reply_counts_text(row)}")
+                f"return {row.get(C.RETURN_MEAN, nan):.1f} +- {row.get(C.RETURN_STD, nan):.1f}"
+                f"{kl} | {reply_counts_text(row)}")
 
     def final_report(self, plan: ServerPlan, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
         return None
@@ -189,25 +286,36 @@ class FedAvgDQN:
 
     def train(self, context: Context, cfg: RunConfig, arrays: Arrays
               ) -> tuple[Arrays | None, Metrics]:
-        """Load the global network (target network reset to it, Adam state kept), collect
-        and train on ``episodes-per-round`` episodes, reply the network."""
-        client, returns = node_client(context, cfg)
-        client.set_parameters(unpack(arrays[C.NETWORK], _shapes(cfg)), 0)
-        returns.extend(client.collect_and_train(cfg.episodes_per_round)[0].tolist())
-        _save_version(context, cfg)
-        metrics: Metrics = {C.NUM_TRANSITIONS: int(client.transitions[0]),
-                            TRAIN_RETURN_LAST100: float(np.mean(returns[-100:]))}
+        """Adopt the global model, collect and train on ``episodes-per-round`` episodes,
+        save the client into ``context.state``, reply the network (FedAvg) or its Q-values
+        on the anchors (distillation)."""
+        node = node_client(context, cfg)
+        metrics: Metrics = {}
+        _adopt(node, cfg, arrays, metrics)
+        client = node.client
+        node.returns.extend(client.collect_and_train(cfg.episodes_per_round)[0].tolist())
+        save_node(context, cfg, node)
+        metrics.update({C.NUM_TRANSITIONS: int(client.transitions[0]),
+                        TRAIN_RETURN_LAST100: float(np.mean(node.returns[-100:]))})
+        if is_distillation(cfg):
+            return {C.Q_ANCHORS: client.q_values(arrays[C.ANCHORS])[0]}, metrics
         return {C.NETWORK: pack(client.get_parameters(0))}, metrics
 
     def evaluate(self, context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
-        """Greedy return of the global network in this client's own environment."""
-        client, _ = node_client(context, cfg)
+        """Greedy return in this client's own environment: of the global network
+        (FedAvg), or of the client's own after distilling the round's teacher."""
+        node = node_client(context, cfg)
         pid, n_parts = partition(context)
-        dynamics = partition_settings(cfg.partition, pid, n_parts, cfg.seed,
-                                      env_id=cfg.env_id)["dynamics"]
-        returns = _greedy_returns(cfg, unpack(arrays[C.NETWORK], _shapes(cfg)), pid, dynamics)
-        return {C.NUM_TRANSITIONS: max(int(client.transitions[0]), 1),
-                C.RETURN_MEAN: float(returns.mean()), C.RETURN_STD: float(returns.std())}
+        metrics: Metrics = {C.NUM_TRANSITIONS: max(int(node.client.transitions[0]), 1)}
+        if is_distillation(cfg):
+            if _adopt(node, cfg, arrays, metrics):
+                save_node(context, cfg, node)
+            params = node.client.get_parameters(0)
+        else:
+            params = unpack(arrays[C.NETWORK], _shapes(cfg))
+        returns = _greedy_returns(cfg, params, pid, _dynamics(cfg, pid, n_parts))
+        metrics.update({C.RETURN_MEAN: float(returns.mean()), C.RETURN_STD: float(returns.std())})
+        return metrics
 
 
-LEARNER = FedAvgDQN()
+LEARNER = DeepBaselines()

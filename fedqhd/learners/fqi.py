@@ -418,6 +418,17 @@ def _adopt_global(learner: FQILearner, arrays: Arrays, metrics: Metrics) -> None
         learner.readout = np.zeros_like(learner.readout)
 
 
+def anchor_plan(cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
+    """FedQHDAnchor on the run's anchors (``anchor-source``, seeded by the run seed): no
+    global model, so every client evaluates its own policy each round."""
+    anchors = make_anchors(cfg.anchor_source, cfg.env_id, cfg.num_anchors,
+                           seed=anchor_seed(cfg.seed), path=cfg.anchor_file)
+    strategy = FedQHDAnchor(anchors, get_spec(cfg.env_id).n_actions, fraction_evaluate=1.0,
+                            **strategy_kwargs)
+    return ServerPlan(strategy, strategy.initial_arrays(),
+                      run_info={"anchors-shape": list(anchors.shape)})
+
+
 # ------------------------------------------------------------------ registry entry
 class FQI:
     """Registry entry ``fqi``."""
@@ -451,12 +462,7 @@ class FQI:
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
         spec = get_spec(cfg.env_id)
         if cfg.resolved_strategy == "anchor":
-            anchors = make_anchors(cfg.anchor_source, cfg.env_id, cfg.num_anchors,
-                                   seed=anchor_seed(cfg.seed), path=cfg.anchor_file)
-            strategy = FedQHDAnchor(anchors, spec.n_actions, fraction_evaluate=1.0,
-                                    **strategy_kwargs)
-            return ServerPlan(strategy, strategy.initial_arrays(),
-                              run_info={"anchors-shape": list(anchors.shape)})
+            return anchor_plan(cfg, **strategy_kwargs)
         evaluate = readout_evaluator(cfg)
         shape = [cfg.hd_dim, spec.n_actions]
         initial = C.to_array_record({C.READOUT: np.zeros(shape)})
