@@ -60,17 +60,18 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("online_gamma_ramp", "gamma_ramp"), ("episodes_per_round", "episodes_per_round"),
     ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"),
     ("online_capacity", "capacity"), ("anchor_source", "anchor_source"),
-    ("num_anchors", "n_anchors"))
+    ("num_anchors", "n_anchors"), ("online_act_local", "act_local"))
 #: what online-settings = "auto" sets for learner dqn (fedqhd.baselines.dqn.DQN_SETTINGS,
 #: DISTILL_SETTINGS)
 _DQN_AUTO_FIELDS: tuple[tuple[str, str], ...] = (("gamma", "gamma"),
                                                  ("episodes_per_round", "episodes_per_round"),
                                                  ("num_anchors", "n_anchors"))
 #: table entries a task may leave out, with the value they stand for
-_AUTO_MISSING: dict[str, float | str] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
+_AUTO_MISSING: dict[str, float | str | bool] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
                                    "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0,
                                    "compile_ridge": 1.0, "capacity": 0,
-                                   "anchor_source": "rollouts", "n_anchors": 1000}
+                                   "anchor_source": "rollouts", "n_anchors": 1000,
+                                   "act_local": False}
 
 
 class ConfigError(ValueError):
@@ -259,8 +260,8 @@ class RunConfig:
         "ONLINE_SETTINGS) replaces hd-dim, bandwidth, gamma, ridge, proximal, "
         "local-iterations, episodes-per-round, online-per-episode, online-action-gap, "
         "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
-        "online-gamma-ramp, online-capacity, online-obs-scale, anchor-source, "
-        "num-anchors and epsilon-* "
+        "online-gamma-ramp, online-capacity, online-obs-scale, online-act-local, "
+        "anchor-source, num-anchors and epsilon-* "
         "(set num-server-rounds = episodes / episodes-per-round); learner dqn: the paper's "
         "gamma, episodes-per-round, epsilon-* and num-anchors; manual = "
         "the keys as given"))
@@ -280,6 +281,11 @@ class RunConfig:
     online_tail: int = field(default=0, metadata=_key(
         _int_range(0, 100_000), "online: the last this-many transitions of a terminated "
         "episode enter the buffer first (within online-per-episode)"))
+    online_act_local: bool = field(default=False, metadata=_key(lambda v: None, (
+        "online, strategy avg: each client collects with its own last fit instead of the "
+        "global readout (the paper's clients act with their local models between "
+        "aggregations); the global readout is still what they fit from and what is "
+        "evaluated")))
     online_compile_ridge: float = field(default=0.0, metadata=_key(
         _float_range(0.0, 1e9), "online, heterogeneous: ridge of the teacher compilation "
         "(pull toward the client's own readout); 0: the key 'ridge'"))

@@ -1037,8 +1037,8 @@ def run_online(
     compile_ridge: float | None = None,
     greedy_episodes: int = 10,
     dynamics: Sequence[dict[str, float] | None] | None = None,
+    act_local: bool | None = None,
     verbose: bool = False,
-    act_local: bool = False,
 ) -> OnlineResult:
     """The paper's online protocol in one process.
 
@@ -1049,7 +1049,9 @@ def run_online(
 
     * ``"average"`` (shared encoder): each client fits from the global readout,
       pulled toward it; the server averages the readouts weighted by transitions
-      collected; clients act with the global readout.
+      collected; clients act with the global readout, or (``act_local``) each with its
+      own last fit, as the paper's clients act with their local models between
+      aggregations (five policies explore more than one).
     * ``"anchors"`` (heterogeneous encoders): each client fits from its own readout;
       the server averages client Q on ``n_anchors`` anchor states (weighted by
       transitions); each client compiles the teacher into its features (ridge
@@ -1084,6 +1086,7 @@ def run_online(
     action_gap = table.get("action_gap", 0.0) if action_gap is None else action_gap
     n_step = table.get("n_step", 1) if n_step is None else n_step
     fuse = table.get("fuse", 0.0) if fuse is None else fuse
+    act_local = bool(table.get("act_local", False) if act_local is None else act_local)
     n_anchors = table.get("n_anchors", 1000) if n_anchors is None else n_anchors
     anchor_source = (table.get("anchor_source", "rollouts") if anchor_source is None
                      else anchor_source)
@@ -1147,7 +1150,7 @@ def run_online(
                                       gamma_ramp=gamma_ramp, tail=tail,
                                       sweeps=sweeps, per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
-                                      anchor_source=anchor_source,
+                                      anchor_source=anchor_source, act_local=act_local,
                                       compile_ridge=compile_ridge,
                                       obs_scale=(None if obs_scale is None
                                                  else [float(v) for v in obs_scale]),

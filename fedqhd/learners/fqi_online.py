@@ -192,7 +192,7 @@ def run_online_kwargs(cfg: RunConfig) -> dict[str, Any]:
                 capacity=cfg.online_capacity or None, per_episode=cfg.online_per_episode,
                 epsilon=(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor),
                 obs_scale=cfg.obs_scale, n_anchors=cfg.num_anchors,
-                anchor_source=cfg.anchor_source,
+                anchor_source=cfg.anchor_source, act_local=cfg.online_act_local,
                 compile_ridge=cfg.online_compile_ridge or cfg.ridge)
 
 
@@ -274,8 +274,11 @@ class FQIOnline(FQI):
               ) -> tuple[Arrays | None, Metrics]:
         client, cache = node_client(context, cfg)
         metrics: Metrics = {}
+        own = client.readout
         _adopt(client, cache, arrays, cfg, metrics)
         start = client.readout.copy()
+        if cfg.online_act_local and cfg.resolved_strategy == "avg":
+            client.readout = own  # collect with this client's last fit (run_online's act_local)
         done = len(client.episode_returns)
         schedule = epsilon_schedule(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor)
         k = cfg.episodes_per_round
