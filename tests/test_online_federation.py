@@ -72,6 +72,7 @@ def test_online_auto_settings_follow_the_per_task_table():
         assert cfg.online_capacity == table.get("capacity", 0)
         assert (cfg.anchor_source, cfg.num_anchors) == (
             table.get("anchor_source", "rollouts"), table.get("n_anchors", 1000))
+        assert cfg.online_act_local == table.get("act_local", False)
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
         assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table
@@ -193,6 +194,15 @@ def test_a_tasks_anchor_keys_choose_the_anchors_of_run_online_and_the_app(monkey
     cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
                                      "encoder": "heterogeneous"})
     assert cfg.num_anchors == 77
+
+
+def test_a_tasks_act_local_key_reaches_run_online():
+    """Acrobot's table sets ``act_local`` (clients collect with their own fit); run_online
+    takes it unless told otherwise, other tasks keep acting with the global readout."""
+    small = dict(n_clients=2, episodes=2, episodes_per_round=2, sweeps=1, greedy_episodes=1)
+    assert online.run_online("Acrobot-v1", **small).config["act_local"] is True
+    assert online.run_online("Acrobot-v1", act_local=False, **small).config["act_local"] is False
+    assert online.run_online("CartPole-v1", **small).config["act_local"] is False
 
 
 def test_a_tasks_obs_scale_key_rescales_every_encoder_alike(monkeypatch):
