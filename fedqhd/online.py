@@ -340,10 +340,7 @@ class OnlineClient:
         next ``n_step`` rewards of the episode and the state ``n_step`` steps on (fewer
         at the episode's end), so one sweep propagates values ``n_step`` steps. 1: plain.
     capacity : int
-        Slots of the regression buffer.
-    replacement : {"reservoir", "fifo"}
-        Once the buffer is full: a uniform sample of everything offered so far
-        (reservoir) or the most recent ``capacity`` transitions (first in, first out).
+        Slots of the regression buffer (reservoir replacement once full).
     per_episode : int
         At most this many transitions of each episode enter the buffer.
     n_parallel : int
@@ -361,8 +358,7 @@ class OnlineClient:
                  fuse: float = 0.0, n_step: int = 1, tail: int = 0,
                  capacity: int = 20000,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
-                 dynamics: dict[str, float] | None = None, form: str = "auto",
-                 replacement: str = "reservoir") -> None:
+                 dynamics: dict[str, float] | None = None, form: str = "auto") -> None:
         spec = get_spec(env_id)
         self.env_id, self.encoder = env_id, encoder
         self.n_actions = spec.n_actions
@@ -374,9 +370,6 @@ class OnlineClient:
         self.tail = int(tail)
         if self.n_step < 1:
             raise ValueError(f"n_step must be >= 1, got {n_step}")
-        if replacement not in ("reservoir", "fifo"):
-            raise ValueError(f"replacement must be reservoir or fifo, got {replacement!r}")
-        self.replacement = replacement
         self.dim = int(encoder.omega_.shape[1])
         self.capacity, self.per_episode = int(capacity), int(per_episode)
         if form == "auto":
@@ -435,10 +428,7 @@ class OnlineClient:
         slots = np.full(n, -1)
         free = min(n, self.capacity - self.size)
         slots[:free] = np.arange(self.size, self.size + free)
-        if free < n and self.replacement == "fifo":
-            # the slot of stream position p (0-based) is p mod capacity: the oldest row goes
-            slots[free:] = (self.seen + free + np.arange(n - free)) % self.capacity
-        elif free < n:
+        if free < n:
             counts = self.seen + free + 1 + np.arange(n - free)  # 1-based stream position
             draw = (self.rng.random(n - free) * counts).astype(np.int64)
             keep = draw < self.capacity
@@ -954,13 +944,13 @@ ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
                         sweeps=5, per_episode=20, tail=20, episodes_per_round=20,
                         epsilon=(1.0, 0.9, 0.0),
                         heterogeneous=dict(episodes_per_round=50, epsilon=(1.0, 0.97, 0.0))),
-    # act_local: five policies explore more than one (5 seeds: -104.7 vs -109.5)
+    # act_local (shared): five policies explore more than one (5 seeds -104.7 vs -109.5)
     "Acrobot-v1": dict(dim=1000, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
                        sweeps=10, n_step=5, action_gap=0.5, per_episode=20, tail=10,
                        episodes_per_round=20, epsilon=(1.0, 0.9, 0.0), act_local=True,
                        # uniform anchors: random-action rollouts stay near the hanging
                        # rest, where a swing-up policy's Q-values are not decided
-                       # (BENCHMARKS.md, "Acrobot (sixth round)")
+                       # (BENCHMARKS.md, "Acrobot and LunarLander (sixth round)")
                        heterogeneous=dict(proximal=0.001, anchor_source="uniform")),
     "MountainCar-v0": dict(dim=500, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
                            sweeps=20, per_episode=20, tail=10, episodes_per_round=20,
@@ -1030,7 +1020,6 @@ def run_online(
     tail: int | None = None,
     sweeps: int | None = None,
     capacity: int | None = None,
-    replacement: str | None = None,
     per_episode: int | None = None,
     epsilon: tuple[float, float, float] | None = None,
     obs_scale: Sequence[float] | None = None,
@@ -1097,7 +1086,6 @@ def run_online(
     tail = table.get("tail", 0) if tail is None else tail
     compile_ridge = table.get("compile_ridge", 1.0) if compile_ridge is None else compile_ridge
     capacity = table.get("capacity") if capacity is None else capacity
-    replacement = table.get("replacement", "reservoir") if replacement is None else replacement
     obs_scale = table.get("obs_scale") if obs_scale is None else obs_scale
     bound = encoder_bound(env_id, obs_scale)
     if gamma_final > gamma and n_step > 1:
@@ -1130,7 +1118,7 @@ def run_online(
         cap = capacity if capacity is not None else default_capacity(d)
         clients.append(OnlineClient(
             env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, action_gap=action_gap,
-            n_step=n_step, fuse=fuse, tail=tail, capacity=cap, replacement=replacement,
+            n_step=n_step, fuse=fuse, tail=tail, capacity=cap,
             per_episode=per_episode, n_parallel=episodes_per_round,
             seed=shard_seed(seed, i),
             dynamics=None if dynamics is None else dynamics[i]))
@@ -1156,8 +1144,7 @@ def run_online(
                                       compile_ridge=compile_ridge,
                                       obs_scale=(None if obs_scale is None
                                                  else [float(v) for v in obs_scale]),
-                                      capacity=[cl.capacity for cl in clients],
-                                      replacement=replacement))
+                                      capacity=[cl.capacity for cl in clients]))
     done = 0
     while done < episodes:
         k = min(episodes_per_round, episodes - done)
