@@ -60,8 +60,7 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("online_gamma_ramp", "gamma_ramp"), ("episodes_per_round", "episodes_per_round"),
     ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"),
     ("online_capacity", "capacity"), ("anchor_source", "anchor_source"),
-    ("num_anchors", "n_anchors"), ("online_act_local", "act_local"),
-    ("online_proximal_final", "proximal_final"), ("online_proximal_from", "proximal_from"))
+    ("num_anchors", "n_anchors"), ("online_act_local", "act_local"))
 #: what online-settings = "auto" sets for learner dqn (fedqhd.baselines.dqn.DQN_SETTINGS,
 #: DISTILL_SETTINGS)
 _DQN_AUTO_FIELDS: tuple[tuple[str, str], ...] = (("gamma", "gamma"),
@@ -72,8 +71,7 @@ _AUTO_MISSING: dict[str, float | str | bool] = {"action_gap": 0.0, "fuse": 0.0, 
                                    "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0,
                                    "compile_ridge": 1.0, "capacity": 0,
                                    "anchor_source": "rollouts", "n_anchors": 1000,
-                                   "act_local": False, "proximal_final": 0.0,
-                                   "proximal_from": 0}
+                                   "act_local": False}
 
 
 class ConfigError(ValueError):
@@ -263,8 +261,7 @@ class RunConfig:
         "local-iterations, episodes-per-round, online-per-episode, online-action-gap, "
         "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
         "online-gamma-ramp, online-capacity, online-obs-scale, online-act-local, "
-        "online-proximal-final, online-proximal-from, anchor-source, num-anchors and "
-        "epsilon-* "
+        "anchor-source, num-anchors and epsilon-* "
         "(set num-server-rounds = episodes / episodes-per-round); learner dqn: the paper's "
         "gamma, episodes-per-round, epsilon-* and num-anchors; manual = "
         "the keys as given"))
@@ -297,11 +294,6 @@ class RunConfig:
         "online-gamma-ramp episodes (horizon grows linearly from gamma's); <= gamma: none"))
     online_gamma_ramp: int = field(default=1, metadata=_key(
         _int_range(1, 10_000_000), "online: episodes over which the discount grows"))
-    online_proximal_final: float = field(default=0.0, metadata=_key(
-        _float_range(0.0, 1e6), "online: proximal weight reached at the run's last episode, "
-        "growing geometrically from 'proximal' at online-proximal-from (<= proximal: fixed)"))
-    online_proximal_from: int = field(default=0, metadata=_key(
-        _int_range(0, 10_000_000), "online: episode from which the proximal weight grows"))
     online_obs_scale: str = field(default="", metadata=_key(
         _float_list, "online: comma-separated per-coordinate multipliers of the task's "
         "observation bounds for the encoders (the kernel's length scale per coordinate); "

@@ -67,7 +67,6 @@ __all__ = [
     "collect_many",
     "default_capacity",
     "discount_schedule",
-    "proximal_schedule",
     "epsilon_schedule",
     "ONLINE_SETTINGS",
     "encoder_bound",
@@ -293,19 +292,6 @@ def discount_schedule(gamma: float, final: float = 0.0, ramp: int = 1
         return lambda done: float(gamma)
     h0, h1 = 1.0 / (1.0 - gamma), 1.0 / (1.0 - final)
     return lambda done: float(1.0 - 1.0 / (h0 + (h1 - h0) * min(1.0, done / max(ramp, 1))))
-
-
-def proximal_schedule(proximal: float, final: float = 0.0, start: int = 0, end: int = 1
-                      ) -> Callable[[int], float]:
-    """``episodes done -> proximal weight``: ``proximal`` throughout when ``final <=
-    proximal``, else growing geometrically from ``proximal`` at episode ``start`` to
-    ``final`` at episode ``end`` (the run's last): a decaying step size, so that late
-    rounds refine the readout instead of moving it (LunarLander's late decline)."""
-    if final <= proximal:
-        return lambda done: float(proximal)
-    span = max(1, end - start)
-    return lambda done: float(proximal * (final / proximal)
-                              ** min(1.0, max(0.0, (done - start) / span)))
 
 
 def _encode32(encoder: HDEncoder, states: np.ndarray) -> np.ndarray:
@@ -1045,8 +1031,6 @@ def run_online(
     greedy_episodes: int = 10,
     dynamics: Sequence[dict[str, float] | None] | None = None,
     act_local: bool | None = None,
-    proximal_final: float | None = None,
-    proximal_from: int | None = None,
     verbose: bool = False,
 ) -> OnlineResult:
     """The paper's online protocol in one process.
@@ -1109,10 +1093,6 @@ def run_online(
     if gamma_final > gamma and n_step > 1:
         raise ValueError("a discount schedule (gamma_final) needs n_step = 1")
     discount = discount_schedule(gamma, gamma_final, gamma_ramp)
-    proximal_final = (table.get("proximal_final", 0.0) if proximal_final is None
-                      else proximal_final)
-    proximal_from = table.get("proximal_from", 0) if proximal_from is None else proximal_from
-    anneal = proximal_schedule(proximal, proximal_final, proximal_from, episodes)
     per_episode = table["per_episode"] if per_episode is None else per_episode
     episodes_per_round = (table["episodes_per_round"] if episodes_per_round is None
                           else episodes_per_round)
@@ -1160,8 +1140,6 @@ def run_online(
                                       proximal=proximal, action_gap=action_gap,
                                       n_step=n_step, fuse=fuse, gamma_final=gamma_final,
                                       gamma_ramp=gamma_ramp, tail=tail,
-                                      proximal_final=proximal_final,
-                                      proximal_from=proximal_from,
                                       sweeps=sweeps, per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
                                       anchor_source=anchor_source, act_local=act_local,
@@ -1177,7 +1155,6 @@ def run_online(
         done += k
         for cl in clients:
             cl.gamma = discount(done)
-            cl.proximal = anneal(done)
         weights = np.array([cl.n_transitions for cl in clients], dtype=float)
         weights /= weights.sum()
         if aggregate == "pooled":

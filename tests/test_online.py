@@ -178,38 +178,6 @@ def test_discount_schedule():
     assert ramp(150) == pytest.approx(1 - 1 / 55)  # horizon halfway from 10 to 100
 
 
-def test_proximal_schedule_grows_geometrically_to_the_last_episode():
-    from fedqhd.online import proximal_schedule
-    fixed = proximal_schedule(0.01)
-    assert fixed(0) == fixed(600) == 0.01
-    assert proximal_schedule(0.01, 0.005, 300, 600)(600) == 0.01  # final <= start: fixed
-    grow = proximal_schedule(0.01, 1.0, 300, 600)
-    assert grow(0) == grow(300) == pytest.approx(0.01)
-    assert grow(450) == pytest.approx(0.1)  # halfway in log scale
-    assert grow(600) == grow(900) == pytest.approx(1.0)
-
-
-def test_run_online_anneals_every_clients_proximal_weight(monkeypatch):
-    """run_online sets each client's proximal weight from the schedule before every fit
-    (episodes done after the round's collection), and records the schedule."""
-    from fedqhd import online
-    seen: list[tuple[int, float]] = []
-    fit = online.OnlineClient.fit
-
-    def spy(self, *a, **k):
-        seen.append((len(self.episode_returns), self.proximal))
-        return fit(self, *a, **k)
-
-    monkeypatch.setattr(online.OnlineClient, "fit", spy)
-    res = online.run_online("CartPole-v1", n_clients=2, episodes=8, episodes_per_round=2,
-                            sweeps=1, greedy_episodes=1, proximal=0.01, proximal_final=1.0,
-                            proximal_from=2, encoder="heterogeneous", n_anchors=5)
-    want = online.proximal_schedule(0.01, 1.0, 2, 8)
-    assert [p for _, p in seen] == pytest.approx([want(d) for d, _ in seen])
-    assert sorted({d for d, _ in seen}) == [2, 4, 6, 8] and seen[-1][1] == pytest.approx(1.0)
-    assert (res.config["proximal_final"], res.config["proximal_from"]) == (1.0, 2)
-
-
 def test_per_episode_quota_keeps_the_tail_of_failed_episodes():
     from fedqhd.online import _per_episode_subsample
     # two interleaved episodes: 0 is truncated (rows 0, 2, ..., 18), 1 terminates (odd rows)

@@ -27,22 +27,18 @@ KEYS = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma
 @pytest.mark.parametrize("strategy,encoder", [("none", "shared"), ("none", "heterogeneous"),
                                               ("truncate", "heterogeneous"),
                                               ("avg", "shared"),  # and FedQHD itself
-                                              ("avg-act-local", "shared"),
-                                              ("anchor-anneal", "heterogeneous")])
+                                              ("avg-act-local", "shared")])
 def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encoder):
     """Round by round, the app's train-return-last100 is the bench's (same clients, seeds,
     settings, and the truncated mean summed in client order as the bench sums it); only
     the mean over clients is taken in reply order, hence 1e-9 and not equality.
     ``avg-act-local``: FedQHD whose clients collect with their own last fit."""
     n = 3
-    local, anneal = strategy == "avg-act-local", strategy == "anchor-anneal"
-    strategy = strategy.split("-")[0]
-    # anneal: the proximal weight grows from 0.01 to 1 over episodes 40-120
+    local = strategy == "avg-act-local"
+    strategy = "avg" if local else strategy
     cfg = RunConfig.from_run_config({**KEYS, "strategy": strategy, "encoder": encoder,
                                      "min-nodes": n, "output-dir": str(tmp_path),
-                                     "online-act-local": local,
-                                     "online-proximal-final": 1.0 if anneal else 0.0,
-                                     "online-proximal-from": 40})
+                                     "online-act-local": local})
     _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),
                             cfg)
     rounds = json.loads((out / "results.json").read_text())["rounds"]
@@ -60,10 +56,6 @@ def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encod
         alone = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,
                            **{**run_online_kwargs(cfg), "aggregate": None})
         assert [r["train-return-last100"] for r in alone.rounds] != bench_curve
-    if anneal:  # the schedule did reach the clients: the curve is not a fixed weight's
-        fixed = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,
-                           **{**run_online_kwargs(cfg), "proximal_final": 0.0})
-        assert [r["train-return-last100"] for r in fixed.rounds] != bench_curve
     if local:  # the clients did act with their own fits: the curve is not plain averaging's
         shared = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,
                             **{**run_online_kwargs(cfg), "act_local": False})
@@ -133,10 +125,8 @@ class RecordingGrid(InProcessGrid):
         return reply
 
 
-@pytest.mark.parametrize("anneal", [False, True])
 def test_app_pooled_oracle_equals_the_benchs_run_and_sends_only_statistics(tmp_path,
-                                                                           monkeypatch,
-                                                                           anneal):
+                                                                           monkeypatch):
     """``strategy = "pooled"`` in the app is the bench's ``run_online(aggregate="pooled")``:
     the same global readout every round (Grams summed, sweeps' right-hand sides summed and
     solved in the bench's order: bit for bit) and so the same curve; what clients send is
@@ -156,10 +146,7 @@ def test_app_pooled_oracle_equals_the_benchs_run_and_sends_only_statistics(tmp_p
     monkeypatch.setattr(FedQHDPooled, "aggregate_train", spy_aggregate)
     cfg = RunConfig.from_run_config({**KEYS, "strategy": "pooled", "encoder": "shared",
                                      "num-server-rounds": rounds_n, "min-nodes": n,
-                                     "output-dir": str(tmp_path),
-                                     # anneal: the server's sweeps follow the proximal schedule
-                                     "online-proximal-final": 1.0 if anneal else 0.0,
-                                     "online-proximal-from": 20})
+                                     "output-dir": str(tmp_path)})
     grid = RecordingGrid([client_app] * n, run_config=cfg.to_run_config())
     _, out = run_federation(grid, cfg)
     rounds = json.loads((out / "results.json").read_text())["rounds"]

@@ -73,8 +73,6 @@ def test_online_auto_settings_follow_the_per_task_table():
         assert (cfg.anchor_source, cfg.num_anchors) == (
             table.get("anchor_source", "rollouts"), table.get("n_anchors", 1000))
         assert cfg.online_act_local == table.get("act_local", False)
-        assert (cfg.online_proximal_final, cfg.online_proximal_from) == (
-            table.get("proximal_final", 0.0), table.get("proximal_from", 0))
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
         assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,7 +53,6 @@ from fedqhd.online import (
     default_capacity,
     discount_schedule,
     epsilon_schedule,
-    proximal_schedule,
 )
 from fedqhd.seeding import shard_seed
 from fedqhd.strategies import FedQHDIndependent, FedQHDPooled, FedQHDTruncate
@@ -180,13 +178,6 @@ BENCH_AGGREGATE: dict[str, str | None] = {"avg": "average", "anchor": "anchors",
                                           "pooled": "pooled"}
 
 
-def online_proximal(cfg: RunConfig) -> Callable[[int], float]:
-    """``episodes done -> proximal weight`` of this run (:func:`fedqhd.online.
-    proximal_schedule` over the run's ``num-server-rounds x episodes-per-round``)."""
-    return proximal_schedule(cfg.proximal, cfg.online_proximal_final, cfg.online_proximal_from,
-                             cfg.num_server_rounds * cfg.episodes_per_round)
-
-
 def run_online_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """The arguments of :func:`fedqhd.online.run_online` (the bench) that run what the app
     runs under ``cfg``: same clients, seeds and settings (``n_clients`` and ``episodes``
@@ -202,8 +193,6 @@ def run_online_kwargs(cfg: RunConfig) -> dict[str, Any]:
                 epsilon=(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor),
                 obs_scale=cfg.obs_scale, n_anchors=cfg.num_anchors,
                 anchor_source=cfg.anchor_source, act_local=cfg.online_act_local,
-                proximal_final=cfg.online_proximal_final,
-                proximal_from=cfg.online_proximal_from,
                 compile_ridge=cfg.online_compile_ridge or cfg.ridge)
 
 
@@ -258,12 +247,9 @@ class FQIOnline(FQI):
         baseline: FedQHDIndependent | FedQHDTruncate | None = None
         if cfg.resolved_strategy == "pooled":  # one global readout, evaluated by the server
             kwargs = {k: v for k, v in strategy_kwargs.items() if k != "min_evaluate_nodes"}
-            anneal = online_proximal(cfg)
             oracle = FedQHDPooled(cfg.hd_dim, get_spec(cfg.env_id).n_actions, cfg.ridge,
                                   cfg.proximal, cfg.local_iterations,
-                                  sweep_timeout=cfg.round_timeout,
-                                  proximal_by_round=lambda r: anneal(r * cfg.episodes_per_round),
-                                  **kwargs)
+                                  sweep_timeout=cfg.round_timeout, **kwargs)
             return with_train_return(ServerPlan(oracle, oracle.initial_arrays(),
                                                 readout_evaluator(cfg),
                                                 {"readout-shape": [cfg.hd_dim,
@@ -299,7 +285,6 @@ class FQIOnline(FQI):
         client.collect(k, schedule(np.arange(done, done + k)))
         client.gamma = discount_schedule(cfg.gamma, cfg.online_gamma_final,
                                          cfg.online_gamma_ramp)(done + k)
-        client.proximal = online_proximal(cfg)(done + k)
         strategy = cfg.resolved_strategy
         if strategy != "pooled":  # the oracle's fit is the server's sweeps (pooled_sweep)
             client.fit(cfg.local_iterations, init=start, prior=start)

@@ -35,7 +35,7 @@ Bytes per client and round: the Gram, ``|A| D (D + 1) / 2`` float64 (CartPole at
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -81,9 +81,6 @@ class FedQHDPooled(FunctionSpaceStrategy):
         FQI sweeps per round (message exchanges after the round's train messages).
     sweep_timeout : float
         Seconds each sweep exchange waits for its replies.
-    proximal_by_round : callable or None
-        ``server round -> proximal weight`` (an annealed proximal weight, as the online
-        clients' :func:`fedqhd.online.proximal_schedule`); None: ``proximal`` throughout.
     weighting, fraction_train, min_train_nodes, min_available_nodes, **safeguards
         As in :class:`~fedqhd.strategies.base.FunctionSpaceStrategy`; ``weighting``
         only weights the round's reply metrics. The oracle pools every client:
@@ -91,9 +88,7 @@ class FedQHDPooled(FunctionSpaceStrategy):
     """
 
     def __init__(self, dim: int, n_actions: int, ridge: float, proximal: float, sweeps: int,
-                 sweep_timeout: float = 600.0,
-                 proximal_by_round: Callable[[int], float] | None = None,
-                 weighting: str = "transitions",
+                 sweep_timeout: float = 600.0, weighting: str = "transitions",
                  fraction_train: float = 1.0, fraction_evaluate: float = 0.0,
                  min_train_nodes: int = 2, min_evaluate_nodes: int = 2,
                  min_available_nodes: int = 2, **safeguards: Any) -> None:
@@ -110,7 +105,6 @@ class FedQHDPooled(FunctionSpaceStrategy):
         self.dim, self.n_actions = int(dim), int(n_actions)
         self.ridge, self.proximal, self.sweeps = float(ridge), float(proximal), int(sweeps)
         self.sweep_timeout = float(sweep_timeout)
-        self.proximal_by_round = proximal_by_round
         self._grid: Grid | None = None
         self._readout: np.ndarray | None = None
 
@@ -194,10 +188,8 @@ class FedQHDPooled(FunctionSpaceStrategy):
         while pool:
             reward_range = np.array([min(p.extremes[0] for p in pool),
                                      max(p.extremes[1] for p in pool)])
-            proximal = (self.proximal if self.proximal_by_round is None
-                        else float(self.proximal_by_round(server_round)))
             systems = pooled_systems(pool, np.sum([p.counts for p in pool], axis=0), self.ridge,
-                                     proximal)
+                                     self.proximal)
             readout, failed = prior, set[int]()
             for sweep in range(self.sweeps):
                 exchanges += 1
