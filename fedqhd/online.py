@@ -544,16 +544,20 @@ class OnlineClient:
         """Transitions per action in the buffer (the pooled oracle's proximal weights)."""
         return np.bincount(self.actions[:self.size], minlength=self.n_actions)
 
+    def _onehot(self) -> np.ndarray:
+        """``(size, |A|)`` float32 indicator of each buffered transition's action."""
+        onehot = np.zeros((self.size, self.n_actions), dtype=np.float32)
+        onehot[np.arange(self.size), self.actions[:self.size]] = 1.0
+        return onehot
+
     def pooled_rhs(self, readout: np.ndarray, reward_range: tuple[float, float]
                    ) -> np.ndarray:
         """``Phi_a^T y_a`` per action ``(D, |A|)`` of this buffer for the targets of
         ``readout`` kept in the value range of the pooled rewards' ``reward_range``: this
         client's share of one pooled sweep (:func:`pooled_fit`, and the app's
         ``strategy = "pooled"``, which sends only this and the Gram, never the rows)."""
-        n = self.size
-        onehot = np.zeros((n, self.n_actions), dtype=np.float32)
-        onehot[np.arange(n), self.actions[:n]] = 1.0
-        return primal_rhs(self.features[:n], onehot, self.targets(readout, reward_range))
+        return primal_rhs(self.features[:self.size], self._onehot(),
+                          self.targets(readout, reward_range))
 
     def fit(self, sweeps: int, init: np.ndarray | None = None,
             prior: np.ndarray | None = None) -> np.ndarray:
@@ -583,8 +587,7 @@ class OnlineClient:
                 systems.append((mu, c, cho_factor(g, lower=True, check_finite=False)
                                 if len(g) else None))
         with self.timer("sweeps"):
-            onehot = np.zeros((n, self.n_actions), dtype=np.float32)
-            onehot[np.arange(n), acts] = 1.0
+            onehot = self._onehot()
             feats = self.features[:n]
             for _ in range(sweeps):
                 y = self.targets(readout)
@@ -627,13 +630,10 @@ class OnlineClient:
             s_mat = np.eye(dim) - (kappa / n_act) * inv_sum
             s_fac = cho_factor((s_mat + s_mat.T) / 2, lower=True, check_finite=False)
         with self.timer("sweeps"):
-            acts = self.actions[:n]
-            onehot = np.zeros((n, n_act), dtype=np.float32)
-            onehot[np.arange(n), acts] = 1.0
+            onehot = self._onehot()
             feats = self.features[:n]
             for _ in range(sweeps):
-                y = self.targets(readout)
-                rhs = (feats.T @ (onehot * y[:, None].astype(np.float32))).astype(np.float64)
+                rhs = primal_rhs(feats, onehot, self.targets(readout))
                 rhs += prior * np.asarray(mus)[None, :]
                 z = np.stack([cho_solve(facs[a], rhs[:, a], check_finite=False)
                               for a in range(n_act)], axis=1)
@@ -934,8 +934,8 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
 #: the heterogeneous setting's teacher compilation, default 1), ``anchor_source`` and
 #: ``n_anchors`` (:func:`fedqhd.anchors.make_anchors`; default 1000 rollout anchors),
 #: ``act_local`` (readout averaging: clients collect with their own last fit),
-#: ``capacity`` (buffer slots
-#: of every client, instead of :func:`default_capacity` of its D), ``obs_scale`` (per-
+#: ``capacity`` (buffer slots of every client, instead of :func:`default_capacity` of its
+#: D), ``obs_scale`` (per-
 #: dimension multipliers of the task's observation bounds, for the encoder only: the
 #: kernel's length scale per coordinate; :func:`encoder_bound`) and ``heterogeneous``
 #: (overrides for heterogeneous encoders).
