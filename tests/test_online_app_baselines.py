@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
-from flwr.app import Error, Message, Metadata, MetricRecord, RecordDict
+from flwr.app import Message
+from messages import reply as _reply
 
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
@@ -188,19 +188,6 @@ def test_baseline_strategies_need_fqi_online():
 
 
 # ------------------------------------------------------------------ strategies alone
-def _reply(node: int, arrays: dict | None = None, metrics: dict | None = None,
-           error: str | None = None) -> Message:
-    meta = Metadata(run_id=1, message_id=f"r{node}", src_node_id=node, dst_node_id=0,
-                    reply_to_message_id="q", group_id="1", created_at=time.time(), ttl=60,
-                    message_type="train")
-    if error is not None:
-        return Message(metadata=meta, error=Error(code=0, reason=error))
-    content = RecordDict()
-    if arrays is not None:
-        content[C.ARRAYS] = C.to_array_record(arrays)
-    if metrics is not None:
-        content[C.METRICS] = MetricRecord(metrics)
-    return Message(metadata=meta, content=content)
 
 
 def test_truncate_averages_the_first_min_d_rows_and_clients_keep_the_rest():

@@ -4,33 +4,18 @@ No gymnasium and no fedqhd.client here: a strategy only knows the message contra
 """
 
 import logging
-import time
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Error, Message, Metadata, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from messages import reply as _reply
 
 from fedqhd.encoders import HDEncoder
 from fedqhd.readout import ridge_project
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import FedQHDAnchor, FedQHDAvg, FedQHDExact
 from fedqhd.strategies import contract as C
-
-
-def _reply(node: int, arrays: dict | None = None, metrics: dict | None = None,
-           error: str | None = None) -> Message:
-    meta = Metadata(run_id=1, message_id=f"r{node}", src_node_id=node, dst_node_id=0,
-                    reply_to_message_id="q", group_id="1", created_at=time.time(), ttl=60,
-                    message_type="train")
-    if error is not None:
-        return Message(metadata=meta, error=Error(code=0, reason=error))
-    content = RecordDict()
-    if arrays is not None:
-        content[C.ARRAYS] = C.to_array_record(arrays)
-    if metrics is not None:
-        content[C.METRICS] = MetricRecord(metrics)
-    return Message(metadata=meta, content=content)
 
 
 def _avg_with_shape(shape):
