@@ -522,12 +522,15 @@ class OnlineClient:
         return arrays, scalars
 
     def restore(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any],
-                buffer: bool = True) -> None:
+                buffer: bool = True, reuse: OnlineClient | None = None) -> None:
         """Become the client :meth:`snapshot` described (this one built with the same
         settings): rows re-encoded, statistics copied; the same numbers bit for bit.
         ``buffer=False``: counters, readout, returns and RNG only (``arrays`` needs only
         ``readout`` and ``episode-returns``), for a client that only acts and evaluates;
-        its buffer stays empty, so it must not fit."""
+        its buffer stays empty, so it must not fit. ``reuse``: an earlier copy of this
+        client (same encoder), whose features are taken for every slot whose raw row is
+        bitwise the one restored (a stale copy differs by the rows appended or replaced
+        since), so only those rows are encoded again."""
         n = int(scalars["size"])
         if arrays["readout"].shape != self.readout.shape:
             raise ValueError(f"snapshot readout {arrays['readout'].shape}, client readout "
@@ -550,13 +553,34 @@ class OnlineClient:
         self.states[:n], self.next_states[:n] = arrays["states"], arrays["next-states"]
         self.actions[:n] = arrays["actions"]
         self.rewards[:n], self.continues[:n] = arrays["rewards"], arrays["continues"]
-        self.features[:n] = _encode32(self.encoder, self.states[:n])
-        self.next_features[:n] = _encode32(self.encoder, self.next_states[:n])
+        k = 0 if reuse is None else reuse.size  # its filled slots: the rest was never encoded
+        self._encode_rows(self.states, self.features,
+                          None if reuse is None else (reuse.states[:k], reuse.features[:k]))
+        self._encode_rows(self.next_states, self.next_features,
+                          None if reuse is None else (reuse.next_states[:k],
+                                                      reuse.next_features[:k]))
         if self.form == "primal":
             unpack_statistics(arrays, self.gram)
         else:
             self.kernel[:] = 0.0
             unpack_statistics(arrays, self.kernel[None, :n, :n])
+
+    def _encode_rows(self, rows: np.ndarray, out: np.ndarray,
+                     earlier: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """``out[:size]`` = the features of ``rows[:size]``, copied from ``earlier`` (the
+        filled rows and their features of another copy of this client) where its row has
+        the same bits."""
+        n = self.size
+        todo = np.arange(n)
+        if earlier is not None and earlier[1].shape[1] == out.shape[1]:
+            m = min(n, len(earlier[0]))
+            same = np.all(earlier[0][:m].view(np.uint32) == rows[:m].view(np.uint32), axis=1)
+            out[:m][same] = earlier[1][:m][same]
+            todo = np.concatenate([np.flatnonzero(~same), np.arange(m, n)])
+        if len(todo) == n:
+            out[:n] = _encode32(self.encoder, rows[:n])
+        elif len(todo):
+            out[todo] = _encode32(self.encoder, rows[todo])
 
     def share_anchor_factor(self, other: OnlineClient) -> None:
         """Take ``other``'s cached factor of the anchor kernel (:meth:`compile`): ``other``

@@ -134,6 +134,30 @@ def test_snapshot_restores_the_same_client_in_half_the_bytes(form):
     np.testing.assert_array_equal(twin.fit(2), cl.fit(2))
 
 
+@pytest.mark.parametrize("form", ["primal", "dual"])
+def test_a_rebuild_reencodes_only_the_rows_changed_since_an_earlier_copy(form, monkeypatch):
+    """A stale copy lends its features of unchanged rows; appended and reservoir-replaced
+    rows are encoded again, and the rebuilt client is bitwise the live one."""
+    import fedqhd.online as online
+
+    cl = _client(form, capacity=150)
+    collect_many([cl], [4], [1.0])
+    stale = _client(form, capacity=150)
+    stale.restore(*cl.snapshot())
+    for _ in range(5):
+        collect_many([cl], [4], [1.0])  # more rows, then some slots replaced
+    assert stale.size < cl.size and cl.seen > cl.capacity
+    encoded = []
+    real = online._encode32
+    monkeypatch.setattr(online, "_encode32", lambda enc, x: encoded.append(len(x)) or real(enc, x))
+    twin = _client(form, capacity=150)
+    twin.restore(*cl.snapshot(), reuse=stale)
+    assert 0 < sum(encoded) < 2 * cl.size  # not every row again
+    for name in ("features", "next_features"):
+        np.testing.assert_array_equal(getattr(twin, name), getattr(cl, name))
+    np.testing.assert_array_equal(twin.fit(2), cl.fit(2))
+
+
 def test_primal_and_dual_fits_agree():
     fits = []
     for form in ("primal", "dual"):

@@ -111,7 +111,8 @@ def node_client(context: Context, cfg: RunConfig, buffer: bool = True
     without the buffer (no rows re-encoded, no statistics copied); such a copy serves
     later evaluations at that version but never a ``buffer=True`` call. A rebuilt client
     keeps the process's anchor features and anchor-kernel factor of its node's earlier
-    copy (same encoder and anchors: the same numbers, not computed again)."""
+    copy (same encoder and anchors: the same numbers, not computed again), and that
+    copy's features of every buffer row that has not changed since."""
     key = _client_key(context, cfg)
     version = state_version(context)
     cached = _CLIENTS.get(key)
@@ -124,7 +125,9 @@ def node_client(context: Context, cfg: RunConfig, buffer: bool = True
         if not isinstance(record, ArrayRecord):
             raise TypeError(f"context.state[{STATE_ARRAYS!r}] is not an ArrayRecord")
         names = list(record.keys()) if buffer else ["readout", "episode-returns"]
-        client.restore({k: record[k].numpy() for k in names}, meta, buffer=buffer)
+        earlier = cached[0] if cached is not None and cached[3] else None
+        client.restore({k: record[k].numpy() for k in names}, meta, buffer=buffer,
+                       reuse=earlier)
         cache.update({k: meta[k] for k in _TEACHER_KEYS if k in meta})
     if cached is not None:
         client.share_anchor_factor(cached[0])
