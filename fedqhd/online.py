@@ -54,6 +54,7 @@ from fedqhd.gram import (
 )
 from fedqhd.readout import bellman_targets, value_range
 from fedqhd.seeding import online_client_rng, shard_seed
+from fedqhd.strategies import contract as C
 from fedqhd.strategies.truncate import truncated_mean, with_head
 
 __all__ = [
@@ -310,6 +311,38 @@ def _encode32(encoder: HDEncoder, states: np.ndarray) -> np.ndarray:
     return proj
 
 
+def pack_statistics(mats: np.ndarray, narrow: bool = False) -> dict[str, np.ndarray]:
+    """``mats`` (k, m, m) in an exact smaller form: their upper triangles
+    (``statistics-upper``, :func:`~fedqhd.strategies.contract.pack_upper`) when every
+    matrix is exactly symmetric, as the Grams (numpy's ``x.T @ x`` is a symmetric rank-k
+    update) and the kernel (every write sets both halves) are; with ``narrow``, in
+    float32 when that loses nothing (the dual kernel holds float32 products). Otherwise
+    the full matrices (``statistics``). :func:`unpack_statistics` restores them bitwise."""
+    if not all(np.array_equal(m, m.T) for m in mats):
+        return {"statistics": np.array(mats)}
+    packed = C.pack_upper(mats)
+    if narrow:
+        small = packed.astype(np.float32)
+        if np.array_equal(small, packed):
+            packed = small
+    return {"statistics-upper": packed}
+
+
+def unpack_statistics(arrays: dict[str, np.ndarray], out: np.ndarray) -> None:
+    """Write the statistics :func:`pack_statistics` packed into ``out`` (k, m, m)."""
+    if "statistics-upper" in arrays:
+        packed = arrays["statistics-upper"]
+        if packed.shape[0] != out.shape[0]:
+            raise ValueError(f"snapshot statistics of {packed.shape[0]} matrices do not "
+                             f"fit {out.shape[0]}")
+        C.unpack_upper(packed, out.shape[-1], out=out)
+        return
+    full = arrays["statistics"]
+    if full.shape != out.shape:
+        raise ValueError(f"snapshot statistics {full.shape} do not fit {out.shape}")
+    out[:] = full
+
+
 class OnlineClient:
     """One client of the online protocol: env copy, encoder, buffer, statistics, readout.
 
@@ -469,52 +502,94 @@ class OnlineClient:
         it: :meth:`restore` re-encodes the rows (bitwise the same float32 features).
         The statistics are kept rather than recomputed: the running ones were built by
         float32 rank updates and downdates, so a one-pass recomputation differs at ~1e-6
-        relative (and costs seconds at D = 2000), where the copy is exact. Under Flower
-        this lives in the node's ``context.state`` (a node's messages may be served by
-        different processes)."""
+        relative (and costs seconds at D = 2000), where the copy is exact. They are
+        packed exactly (:func:`pack_statistics`: upper triangles, the kernel in float32),
+        less than half the bytes. Under Flower this lives in the node's ``context.state``
+        (a node's messages may be served by different processes, and every message
+        carries it there and back)."""
         n = self.size
-        arrays = {"states": self.states[:n], "next-states": self.next_states[:n],
-                  "actions": self.actions[:n], "rewards": self.rewards[:n],
-                  "continues": self.continues[:n], "readout": self.readout,
-                  "episode-returns": np.asarray(self.episode_returns, dtype=np.float64),
-                  "statistics": self.gram if self.form == "primal" else self.kernel[:n, :n]}
+        views = {"states": self.states[:n], "next-states": self.next_states[:n],
+                 "actions": self.actions[:n], "rewards": self.rewards[:n],
+                 "continues": self.continues[:n], "readout": self.readout,
+                 "episode-returns": np.asarray(self.episode_returns, dtype=np.float64)}
+        arrays = {k: np.array(v) for k, v in views.items()}
+        arrays.update(pack_statistics(self.gram if self.form == "primal"
+                                      else self.kernel[None, :n, :n],
+                                      narrow=self.form == "dual"))
         scalars = {"size": n, "seen": self.seen, "n-transitions": self.n_transitions,
                    "r-min": self.r_min, "r-max": self.r_max, "gamma": self.gamma,
                    "rng": json.dumps(self.rng.bit_generator.state)}
-        return {k: np.array(v) for k, v in arrays.items()}, scalars
+        return arrays, scalars
 
-    def restore(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> None:
+    def restore(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any],
+                buffer: bool = True, reuse: OnlineClient | None = None) -> None:
         """Become the client :meth:`snapshot` described (this one built with the same
-        settings): rows re-encoded, statistics copied; the same numbers bit for bit."""
+        settings): rows re-encoded, statistics copied; the same numbers bit for bit.
+        ``buffer=False``: counters, readout, returns and RNG only (``arrays`` needs only
+        ``readout`` and ``episode-returns``), for a client that only acts and evaluates;
+        its buffer stays empty, so it must not fit. ``reuse``: an earlier copy of this
+        client (same encoder), whose features are taken for every slot whose raw row is
+        bitwise the one restored (a stale copy differs by the rows appended or replaced
+        since), so only those rows are encoded again."""
         n = int(scalars["size"])
-        if arrays["states"].shape != (n, self.states.shape[1]) or n > self.capacity:
-            raise ValueError(f"a snapshot of {arrays['states'].shape} rows does not fit a "
-                             f"client of {self.capacity} slots and {self.states.shape[1]} "
-                             f"observation dimensions (size {n})")
         if arrays["readout"].shape != self.readout.shape:
             raise ValueError(f"snapshot readout {arrays['readout'].shape}, client readout "
                              f"{self.readout.shape}: built with other settings")
-        self.size, self.seen = n, int(scalars["seen"])
+        if buffer and (arrays["states"].shape != (n, self.states.shape[1])
+                       or n > self.capacity):
+            raise ValueError(f"a snapshot of {arrays['states'].shape} rows does not fit a "
+                             f"client of {self.capacity} slots and {self.states.shape[1]} "
+                             f"observation dimensions (size {n})")
+        self.seen = int(scalars["seen"])
         self.n_transitions = int(scalars["n-transitions"])
         self.r_min, self.r_max = float(scalars["r-min"]), float(scalars["r-max"])
         self.gamma = float(scalars["gamma"])
         self.rng.bit_generator.state = json.loads(str(scalars["rng"]))
         self.readout = np.array(arrays["readout"], dtype=np.float64)
         self.episode_returns = [float(r) for r in arrays["episode-returns"]]
+        if not buffer:
+            return
+        self.size = n
         self.states[:n], self.next_states[:n] = arrays["states"], arrays["next-states"]
         self.actions[:n] = arrays["actions"]
         self.rewards[:n], self.continues[:n] = arrays["rewards"], arrays["continues"]
-        self.features[:n] = _encode32(self.encoder, self.states[:n])
-        self.next_features[:n] = _encode32(self.encoder, self.next_states[:n])
-        stats = arrays["statistics"]
-        if self.form == "primal" and stats.shape == self.gram.shape:
-            self.gram[:] = stats
-        elif self.form == "dual" and stats.shape == (n, n):
-            self.kernel[:] = 0.0
-            self.kernel[:n, :n] = stats
+        k = 0 if reuse is None else reuse.size  # its filled slots: the rest was never encoded
+        self._encode_rows(self.states, self.features,
+                          None if reuse is None else (reuse.states[:k], reuse.features[:k]))
+        self._encode_rows(self.next_states, self.next_features,
+                          None if reuse is None else (reuse.next_states[:k],
+                                                      reuse.next_features[:k]))
+        if self.form == "primal":
+            unpack_statistics(arrays, self.gram)
         else:
-            raise ValueError(f"snapshot statistics {stats.shape} do not fit a {self.form} "
-                             f"client of D = {self.dim} holding {n} rows")
+            self.kernel[:] = 0.0
+            unpack_statistics(arrays, self.kernel[None, :n, :n])
+
+    def _encode_rows(self, rows: np.ndarray, out: np.ndarray,
+                     earlier: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """``out[:size]`` = the features of ``rows[:size]``, copied from ``earlier`` (the
+        filled rows and their features of another copy of this client) where its row has
+        the same bits."""
+        n = self.size
+        todo = np.arange(n)
+        if earlier is not None and earlier[1].shape[1] == out.shape[1]:
+            m = min(n, len(earlier[0]))
+            same = np.all(earlier[0][:m].view(np.uint32) == rows[:m].view(np.uint32), axis=1)
+            out[:m] = earlier[1][:m]  # one block copy; the rows that differ are redone below
+            todo = np.concatenate([np.flatnonzero(~same), np.arange(m, n)])
+        if len(todo) == n:
+            out[:n] = _encode32(self.encoder, rows[:n])
+        elif len(todo):
+            out[todo] = _encode32(self.encoder, rows[todo])
+
+    def share_anchor_factor(self, other: OnlineClient) -> None:
+        """Take ``other``'s cached factor of the anchor kernel (:meth:`compile`): ``other``
+        is an earlier client of the same node (same encoder, hence the same factor bit
+        for bit), so a client rebuilt from a snapshot need not factor it again."""
+        key = getattr(other, "_anchor_key", None)
+        if key is not None and other.dim == self.dim:
+            self._anchor_factor: tuple[np.ndarray, bool] = other._anchor_factor
+            self._anchor_key = key
 
     def _gram_add(self, feats: np.ndarray, actions: np.ndarray, sign: float) -> None:
         # float32 products (half the cost of float64), accumulated in float64

@@ -131,6 +131,12 @@ class PeakMemory:
         self.peak = 0
         self.at_peak: dict[str, int] = {}
         self.cpu: dict[int, float] = {}
+        #: pid -> the last name seen (``ray::IDLE`` becomes ``ray::ClientAppActor``)
+        self.names: dict[int, str] = {}
+        self.t0 = time.perf_counter()
+        #: (seconds since start, pid, name) whenever a process appears or is renamed: when
+        #: Ray's daemons, its workers and the actors' first ``run`` started
+        self.timeline: list[tuple[float, int, str]] = []
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -140,6 +146,12 @@ class PeakMemory:
             if self.pids:
                 split: dict[str, int] = {}
                 total = tree_rss(self.pids, split, self.cpu)
+                for pid in self.cpu:
+                    name = _name(pid).split(".")[0]  # ray::ClientAppActor(.run)
+                    if name != "?" and name != self.names.get(pid):
+                        self.names[pid] = name
+                        self.timeline.append((round(time.perf_counter() - self.t0, 1),
+                                              pid, name))
                 if total > self.peak:
                     self.peak, self.at_peak = total, split
                 if self.limit is not None and total > self.limit and not self.exceeded:
@@ -155,7 +167,16 @@ class PeakMemory:
     def cpu_seconds(self) -> float:
         return sum(self.cpu.values())
 
+    def cpu_by_name(self) -> dict[str, float]:
+        """CPU seconds per process name (most first): where a run's CPU went."""
+        split: dict[str, float] = {}
+        for pid, used in self.cpu.items():
+            name = self.names.get(pid, "?")
+            split[name] = split.get(name, 0.0) + used
+        return {k: round(v, 1) for k, v in sorted(split.items(), key=lambda kv: -kv[1])}
+
     def __enter__(self) -> PeakMemory:
+        self.t0 = time.perf_counter()
         self._thread.start()
         return self
 
@@ -231,6 +252,41 @@ def _round_times(results: Path) -> dict[str, Any]:
             "results": str(results)}
 
 
+def _timed_lines(proc: subprocess.Popen, t0: float, timeout: float) -> list[tuple[float, str]]:
+    """``proc``'s output lines, each with the seconds since ``t0`` when it was read."""
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.perf_counter() - t0, line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    proc.wait(timeout=timeout)
+    reader.join(timeout=10)
+    return lines
+
+
+#: log lines of ``flwr run --stream`` whose first time :func:`_milestones` reports
+MILESTONES = {"run submitted": "Successfully started run", "app installed": "Successfully "
+              "installed", "strategy started": "Starting FedQHD", "round 1": "[ROUND 1/",
+              "round 1 train replies": "train round 1:", "round 2": "[ROUND 2/"}
+
+
+def _milestones(lines: list[tuple[float, str]]) -> dict[str, float]:
+    """Seconds since the start at which each of :data:`MILESTONES` was first logged, and
+    the last line ("end")."""
+    out: dict[str, float] = {}
+    for name, marker in MILESTONES.items():
+        hit = next((t for t, line in lines if marker in line), None)
+        if hit is not None:
+            out[name] = round(hit, 2)
+    if lines:
+        out["end"] = round(lines[-1][0], 2)
+    return out
+
+
 def _split(mem: PeakMemory) -> dict[str, float]:
     return {k: round(v / GIB, 3) for k, v in sorted(mem.at_peak.items(), key=lambda kv: -kv[1])}
 
@@ -278,13 +334,62 @@ def _inprocess_child(n_clients: int, run_config: dict[str, Any]) -> None:
     run_federation(InProcessGrid([client_app] * n_clients, run_config=cfg.to_run_config()), cfg)
 
 
+class _Profiler:
+    """py-spy on a SuperLink's process tree, written to ``out`` as collapsed stacks with
+    one root frame per process. ``--subprocesses`` loses Ray's workers (they start as
+    ``setup_worker.py`` and exec into the actor), so every ``ray::`` worker that appears
+    (the ClientAppActors, found by polling) gets its own py-spy, merged into ``out``
+    under a ``process PID:"ray::..."`` root frame when :meth:`stop` is called."""
+
+    def __init__(self, root: int, out: Path) -> None:
+        self.root, self.out = root, out
+        self.spies: list[tuple[int, str, Path, subprocess.Popen]] = [
+            (root, "", out, self._spy(root, out, "--subprocesses"))]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _spy(pid: int, out: Path, *extra: str) -> subprocess.Popen:
+        return subprocess.Popen([str(BIN / "py-spy"), "record", "--pid", str(pid), *extra,
+                                 "--rate", "20", "--format", "raw", "--output", str(out),
+                                 "--nonblocking"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def _watch(self) -> None:
+        seen = {self.root}
+        while not self._stop.wait(0.3):
+            for pid in tree_pids([self.root]):
+                name = _name(pid)
+                if pid in seen or not name.startswith("ray::") or "Agent" in name:
+                    continue
+                seen.add(pid)
+                out = self.out.with_name(f"{self.out.name}.{pid}")
+                self.spies.append((pid, name.split(".")[0], out, self._spy(pid, out)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for _, _, _, spy in self.spies:
+            spy.send_signal(signal.SIGINT)
+        for _, _, _, spy in self.spies:
+            spy.wait(timeout=60)
+        with self.out.open("a") as merged:
+            for pid, name, out, _ in self.spies[1:]:
+                if out.exists():
+                    for line in out.read_text().splitlines():
+                        merged.write(f'process {pid}:"{name}";{line}\n')
+                    out.unlink()
+
+
 def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Path,
              federation: str = "client-resources-num-cpus=1", timeout: float = 3600.0,
              extra_env: dict[str, str] | None = None,
              profile: Path | None = None, memory_limit: int | None = None) -> dict[str, Any]:
     """The run under ``flwr run --stream`` on a private local SuperLink (Ray); with
-    ``profile``, py-spy samples every process of the SuperLink's tree into that file
-    (collapsed stacks, one root frame per process); with ``memory_limit`` (bytes), the
+    ``profile``, py-spy samples every process of the SuperLink's tree, Ray's actors
+    included, into that file (collapsed stacks, one root frame per process,
+    :class:`_Profiler`); with ``memory_limit`` (bytes), the
     run is killed when all its processes together hold more (a RuntimeError that says
     so; the rounds done are in the run's ``rounds.jsonl``)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -300,18 +405,15 @@ def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Pat
             proc = subprocess.Popen(cmd, cwd=app_dir, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)
             mem.pids = [link.pid, proc.pid]
-            spy = None if profile is None else subprocess.Popen(
-                [str(BIN / "py-spy"), "record", "--pid", str(link.pid), "--subprocesses",
-                 "--rate", "20", "--format", "raw", "--output", str(profile), "--nonblocking"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            spy = None if profile is None else _Profiler(link.pid, profile)
             try:
-                log, _ = proc.communicate(timeout=timeout)
+                lines = _timed_lines(proc, t0, timeout)
             finally:
                 if spy is not None:
-                    spy.send_signal(signal.SIGINT)
-                    spy.wait(timeout=60)
+                    spy.stop()
             wall = time.perf_counter() - t0
-    (out / "flwr-run.log").write_text(log)
+    log = "".join(line for _, line in lines)
+    (out / "flwr-run.log").write_text("".join(f"{t:7.2f} | {line}" for t, line in lines))
     if mem.exceeded:
         raise RuntimeError(f"flwr run killed after {wall:.0f} s: its processes held "
                            f"{mem.exceeded / GIB:.2f} GiB, above the limit of "
@@ -321,7 +423,9 @@ def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Pat
         raise RuntimeError(f"flwr run failed (see {out / 'flwr-run.log'}):\n{log[-3000:]}")
     return {"mode": "flwr-run", "clients": n_clients, "federation": federation,
             "wall-s": round(wall, 2), "cpu-s": round(mem.cpu_seconds, 1),
-            "superlink-start-s": round(t_link, 2),
+            "cpu-by-process-s": mem.cpu_by_name(),
+            "timeline": [f"{t:.1f} {pid} {name}" for t, pid, name in mem.timeline],
+            "superlink-start-s": round(t_link, 2), "log-s": _milestones(lines),
             "peak-rss-gib": round(mem.peak / GIB, 3), "peak-by-process-gib": _split(mem),
             **_round_times(results[-1])}
 

@@ -11,7 +11,9 @@ from fedqhd.online import (
     MountainCarBatch,
     OnlineClient,
     collect_many,
+    pack_statistics,
     run_online,
+    unpack_statistics,
 )
 from fedqhd.readout import value_range
 
@@ -79,6 +81,81 @@ def test_incremental_statistics_equal_batch(form):
             np.testing.assert_allclose(cl.gram[a], x.T @ x, rtol=0, atol=1e-4)  # float32 sums
     else:
         np.testing.assert_allclose(cl.kernel[:cl.size, :cl.size], f @ f.T, rtol=0, atol=1e-5)
+
+
+def test_packed_statistics_round_trip_bitwise():
+    """The state's statistics travel as upper triangles (float32 when exact); unpacked they
+    are the same bits, and anything not exactly symmetric or float32 travels whole."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 9, 7))
+    mats = np.einsum("kij,klj->kil", x, x)  # symmetric
+    mats = (mats + np.swapaxes(mats, 1, 2)) / 2
+    packed = pack_statistics(mats)
+    assert list(packed) == ["statistics-upper"] and packed["statistics-upper"].shape == (2, 45)
+    assert packed["statistics-upper"].dtype == np.float64  # not float32-exact: not narrowed
+    assert pack_statistics(mats, narrow=True)["statistics-upper"].dtype == np.float64
+    out = np.full_like(mats, np.nan)
+    unpack_statistics(packed, out)
+    np.testing.assert_array_equal(out, mats)
+    exact32 = mats.astype(np.float32).astype(np.float64)
+    small = pack_statistics(exact32, narrow=True)["statistics-upper"]
+    assert small.dtype == np.float32
+    unpack_statistics({"statistics-upper": small}, out)
+    np.testing.assert_array_equal(out, exact32)
+    skew = mats.copy()
+    skew[1, 2, 5] = np.nextafter(skew[1, 2, 5], np.inf)  # one ulp off symmetry
+    whole = pack_statistics(skew)
+    assert list(whole) == ["statistics"]
+    unpack_statistics(whole, out)
+    np.testing.assert_array_equal(out, skew)
+    with pytest.raises(ValueError, match="upper triangle"):
+        unpack_statistics({"statistics-upper": small[:, :-1]}, out)
+
+
+@pytest.mark.parametrize("form", ["primal", "dual"])
+def test_snapshot_restores_the_same_client_in_half_the_bytes(form):
+    """A client rebuilt from its snapshot has bitwise the same statistics, rows and
+    readout, and goes on fitting the same numbers; the Grams (kernel) travel packed."""
+    cl = _client(form, capacity=150)
+    for _ in range(5):
+        collect_many([cl], [4], [1.0])
+    cl.fit(3)
+    arrays, scalars = cl.snapshot()
+    stats = cl.gram if form == "primal" else cl.kernel[None, :cl.size, :cl.size]
+    assert "statistics-upper" in arrays and arrays["statistics-upper"].nbytes < 0.55 * (
+        stats.nbytes if form == "primal" else stats.nbytes / 2)  # dual: float32 too
+    twin = _client(form, capacity=150)
+    twin.restore(arrays, scalars)
+    if form == "primal":
+        np.testing.assert_array_equal(twin.gram, cl.gram)
+    else:
+        np.testing.assert_array_equal(twin.kernel, cl.kernel)
+    np.testing.assert_array_equal(twin.features[:cl.size], cl.features[:cl.size])
+    np.testing.assert_array_equal(twin.fit(2), cl.fit(2))
+
+
+@pytest.mark.parametrize("form", ["primal", "dual"])
+def test_a_rebuild_reencodes_only_the_rows_changed_since_an_earlier_copy(form, monkeypatch):
+    """A stale copy lends its features of unchanged rows; appended and reservoir-replaced
+    rows are encoded again, and the rebuilt client is bitwise the live one."""
+    import fedqhd.online as online
+
+    cl = _client(form, capacity=150)
+    collect_many([cl], [4], [1.0])
+    stale = _client(form, capacity=150)
+    stale.restore(*cl.snapshot())
+    for _ in range(5):
+        collect_many([cl], [4], [1.0])  # more rows, then some slots replaced
+    assert stale.size < cl.size and cl.seen > cl.capacity
+    encoded = []
+    real = online._encode32
+    monkeypatch.setattr(online, "_encode32", lambda enc, x: encoded.append(len(x)) or real(enc, x))
+    twin = _client(form, capacity=150)
+    twin.restore(*cl.snapshot(), reuse=stale)
+    assert 0 < sum(encoded) < 2 * cl.size  # not every row again
+    for name in ("features", "next_features"):
+        np.testing.assert_array_equal(getattr(twin, name), getattr(cl, name))
+    np.testing.assert_array_equal(twin.fit(2), cl.fit(2))
 
 
 def test_primal_and_dual_fits_agree():

@@ -92,6 +92,38 @@ def test_a_stale_process_copy_is_never_used(tmp_path):
     assert rebuilt.rng.bit_generator.state == current.rng.bit_generator.state
 
 
+def test_evaluation_rebuilds_without_the_buffer_and_never_lends_it_to_training(tmp_path):
+    """A stale process evaluates a node from its readout alone (no rows re-encoded, no
+    statistics copied), with the same metrics as the process holding the full copy, and
+    reuses its earlier anchor factor; a train message there still rebuilds the buffer."""
+    cfg = RunConfig.from_run_config({**KEYS, "strategy": "anchor", "encoder": "heterogeneous",
+                                     "min-nodes": 1, "output-dir": str(tmp_path)})
+    context = next(iter(InProcessGrid([client_app], run_config=cfg.to_run_config())
+                        .contexts.values()))
+    rng = np.random.default_rng(0)
+    anchors = rng.uniform(-0.1, 0.1, size=(100, 4))
+    teachers = [{"anchors": anchors, "teacher": rng.normal(size=(100, 2))} for _ in range(2)]
+    fqi_online._CLIENTS.clear()
+    fqi_online.LEARNER.train(context, cfg, teachers[0])
+    stale = dict(fqi_online._CLIENTS)  # this "actor" saw round 1 only
+    old_client = next(iter(stale.values()))[0]
+    fqi_online.LEARNER.train(context, cfg, teachers[1])  # round 2 elsewhere
+    full = dict(fqi_online._CLIENTS)
+    expected = fqi_online.LEARNER.evaluate(context, cfg, teachers[1])
+    fqi_online._CLIENTS.clear()
+    fqi_online._CLIENTS.update(stale)
+    assert fqi_online.LEARNER.evaluate(context, cfg, teachers[1]) == expected
+    light, _, version, complete = next(iter(fqi_online._CLIENTS.values()))
+    assert version == fqi_online.state_version(context) and not complete
+    assert light.size == 0 and light._anchor_factor is old_client._anchor_factor
+    trained, _ = fqi_online.node_client(context, cfg)
+    reference = next(iter(full.values()))[0]
+    assert trained is not light and trained.size == reference.size > 0
+    np.testing.assert_array_equal(trained.kernel if trained.form == "dual" else trained.gram,
+                                  reference.kernel if trained.form == "dual"
+                                  else reference.gram)
+
+
 # ------------------------------------------------------------------ the deep baselines
 DQN_KEYS = {"protocol": "online", "learner": "dqn", "online-settings": "manual",
             "episodes-per-round": 5, "num-server-rounds": 4, "epsilon-start": 0.2,

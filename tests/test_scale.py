@@ -350,3 +350,67 @@ def test_a_client_process_parses_a_run_config_once(monkeypatch):
     assert len(calls) == 1 and all(c is cfgs[0] for c in cfgs) and cfgs[0].seed == 5
     assert client_module.run_config(Context(run_id=1, node_id=0, node_config={},
                                             state=RecordDict(), run_config={"seed": 6})).seed == 6
+
+
+def _renamed(code: str, name: str) -> list[str]:
+    """A command running ``code`` in a Python whose argv[0] (what /proc shows) is ``name``,
+    as Ray names its workers ``ray::ClientAppActor.run``."""
+    return ["bash", "-c", f'exec -a "{name}" {sys.executable} -c "$0"', code]
+
+
+BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass"
+
+
+def test_cpu_seconds_and_timeline_are_kept_per_process_name():
+    """``flwr_run`` reports where the CPU went by process name (a Ray worker's method
+    suffix dropped) and when each process appeared."""
+    import subprocess
+
+    from fedqhd.scale import PeakMemory
+
+    with PeakMemory(interval=0.05) as mem:
+        proc = subprocess.Popen(_renamed(BUSY.format(s=0.6), "ray::Busy.run"))
+        mem.pids = [proc.pid]
+        proc.wait(timeout=30)
+    assert mem.cpu_by_name().get("ray::Busy", 0.0) >= 0.3
+    assert [name for _, pid, name in mem.timeline if pid == proc.pid] == ["ray::Busy"]
+
+
+def test_log_lines_are_timed_and_milestones_found():
+    import subprocess
+    import time
+
+    from fedqhd.scale import _milestones, _timed_lines
+
+    code = "import time; print('[ROUND 1/3]', flush=True); time.sleep(0.5); print('[ROUND 2/3]')"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    lines = _timed_lines(proc, t0, timeout=30)
+    marks = _milestones(lines)
+    assert [line for _, line in lines] == ["[ROUND 1/3]\n", "[ROUND 2/3]\n"]
+    assert marks["round 2"] - marks["round 1"] >= 0.4 and marks["end"] == marks["round 2"]
+    assert "round 1 train replies" not in marks
+
+
+def test_the_profile_samples_ray_workers_that_exec_from_a_setup_process(tmp_path):
+    """py-spy's ``--subprocesses`` loses Ray's actors (they exec from setup_worker.py):
+    each ``ray::`` process gets its own py-spy, merged under its own root frame."""
+    import shutil
+    import subprocess
+
+    from fedqhd.scale import BIN, _Profiler
+
+    if not (BIN / "py-spy").exists() and shutil.which("py-spy") is None:
+        pytest.skip("py-spy is not installed")
+    child = json.dumps(_renamed(BUSY.format(s=2.0), "ray::Busy.run"))
+    root = subprocess.Popen([sys.executable, "-c", "import json, subprocess, sys, time; "
+                             "time.sleep(0.3); subprocess.run(json.loads(sys.argv[1]))", child])
+    out = tmp_path / "profile.txt"
+    spy = _Profiler(root.pid, out)
+    root.wait(timeout=60)
+    spy.stop()
+    roots = {line.split(";")[0] for line in out.read_text().splitlines()} if out.exists() else set()
+    if not roots:
+        pytest.skip("py-spy could not attach here (ptrace not permitted)")
+    assert any(r.endswith(':"ray::Busy"') for r in roots), roots
+    assert not list(tmp_path.glob("profile.txt.*"))  # per-actor files merged and removed

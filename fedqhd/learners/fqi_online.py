@@ -65,9 +65,11 @@ STATE_ARRAYS = "fedqhd-online"  #: context.state ArrayRecord: the client's snaps
 STATE_META = "fedqhd-online-meta"  #: context.state ConfigRecord: its scalars and version
 _TEACHER_KEYS = ("teacher-digest", "projection-residual")  # cache entries that are state
 
-#: this process's clients by (run, partition, partitions, config): a speed-up only, valid
+#: this process's clients by (run, partition, partitions, config), each with its anchor
+#: cache, version token and whether its buffer was restored: a speed-up only, valid
 #: while its version token equals the one in the node's context.state
-_CLIENTS: dict[tuple[Any, ...], tuple[OnlineClient, dict[str, Any], str]] = {}
+_CLIENTS: dict[tuple[Any, ...], tuple[OnlineClient, dict[str, Any], str, bool]] = {}
+_ANCHOR_KEYS = ("anchor-digest", "anchor-features")  # process cache a rebuilt client keeps
 
 
 def _client_key(context: Context, cfg: RunConfig) -> tuple[Any, ...]:
@@ -100,23 +102,39 @@ def state_version(context: Context) -> str:
     return str(context.state[STATE_META]["version"])  # type: ignore[index]
 
 
-def node_client(context: Context, cfg: RunConfig) -> tuple[OnlineClient, dict[str, Any]]:
+def node_client(context: Context, cfg: RunConfig, buffer: bool = True
+                ) -> tuple[OnlineClient, dict[str, Any]]:
     """This node's online client and its anchor cache: this process's copy when it is the
-    version in ``context.state``, else rebuilt from ``context.state`` (fresh if empty)."""
+    version in ``context.state``, else rebuilt from ``context.state`` (fresh if empty).
+
+    ``buffer=False`` (evaluation: it acts with the readout and never fits) rebuilds
+    without the buffer (no rows re-encoded, no statistics copied); such a copy serves
+    later evaluations at that version but never a ``buffer=True`` call. A rebuilt client
+    keeps the process's anchor features and anchor-kernel factor of its node's earlier
+    copy (same encoder and anchors: the same numbers, not computed again), and that
+    copy's features of every buffer row that has not changed since."""
     key = _client_key(context, cfg)
     version = state_version(context)
     cached = _CLIENTS.get(key)
-    if cached is not None and cached[2] == version:
+    if cached is not None and cached[2] == version and (cached[3] or not buffer):
         return cached[0], cached[1]
     client, cache = _new_client(cfg, key[1], key[2])
     if version:
         meta = dict(context.state[STATE_META])  # type: ignore[arg-type]
-        client.restore(C.from_array_record(context.state[STATE_ARRAYS]),  # type: ignore[arg-type]
-                       meta)
+        record = context.state[STATE_ARRAYS]
+        if not isinstance(record, ArrayRecord):
+            raise TypeError(f"context.state[{STATE_ARRAYS!r}] is not an ArrayRecord")
+        names = list(record.keys()) if buffer else ["readout", "episode-returns"]
+        earlier = cached[0] if cached is not None and cached[3] else None
+        client.restore({k: record[k].numpy() for k in names}, meta, buffer=buffer,
+                       reuse=earlier)
         cache.update({k: meta[k] for k in _TEACHER_KEYS if k in meta})
+    if cached is not None:
+        client.share_anchor_factor(cached[0])
+        cache.update({k: cached[1][k] for k in _ANCHOR_KEYS if k in cached[1]})
     for stale in [k for k in _CLIENTS if k[0] != context.run_id or k[3] != cfg]:
         del _CLIENTS[stale]
-    _CLIENTS[key] = (client, cache, version)
+    _CLIENTS[key] = (client, cache, version, buffer or not version)
     return client, cache
 
 
@@ -133,7 +151,7 @@ def save_node(context: Context, cfg: RunConfig, client: OnlineClient,
                    **{k: cache[k] for k in _TEACHER_KEYS if k in cache})
     context.state[STATE_ARRAYS] = C.to_array_record(arrays)
     context.state[STATE_META] = ConfigRecord(scalars)
-    _CLIENTS[_client_key(context, cfg)] = (client, cache, version)
+    _CLIENTS[_client_key(context, cfg)] = (client, cache, version, True)
 
 
 def _anchor_features(client: OnlineClient, cache: dict[str, Any],
@@ -317,7 +335,7 @@ class FQIOnline(FQI):
         return {C.PHI_Y: rhs}, {C.NUM_TRANSITIONS: client.n_transitions}
 
     def evaluate(self, context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
-        client, cache = node_client(context, cfg)
+        client, cache = node_client(context, cfg, buffer=False)
         metrics: Metrics = {C.NUM_TRANSITIONS: max(client.n_transitions, 1)}
         # not saved: what _adopt changes here, the next train redoes from the same arrays
         # (a teacher compiled here or there, once), and evaluation draws no client RNG

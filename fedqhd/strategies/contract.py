@@ -132,17 +132,32 @@ LEDGER_KEYS = (PRIVATE, RHO_SPENT, RHO_BUDGET, DELTA, EPSILON_CKS, EPSILON_EXACT
 
 
 def pack_upper(grams: np.ndarray) -> np.ndarray:
-    """(k, D, D) symmetric -> (k, D(D+1)/2): the upper triangles, row by row (GRAM)."""
-    rows, cols = np.triu_indices(grams.shape[-1])
-    return np.ascontiguousarray(grams[:, rows, cols])
+    """(k, D, D) symmetric -> (k, D(D+1)/2): the upper triangles, row by row (GRAM), in
+    ``grams``' dtype. One slice copy per row: a fancy-indexed gather took 6x as long at
+    D = 2000, and a node's online state packs its Grams at every train message."""
+    k, dim = grams.shape[0], grams.shape[-1]
+    out = np.empty((k, dim * (dim + 1) // 2), dtype=grams.dtype)
+    pos = 0
+    for i in range(dim):
+        out[:, pos:pos + dim - i] = grams[:, i, i:]
+        pos += dim - i
+    return out
 
 
-def unpack_upper(packed: np.ndarray, dim: int) -> np.ndarray:
-    """Inverse of :func:`pack_upper`: (k, D(D+1)/2) -> (k, D, D) symmetric."""
-    rows, cols = np.triu_indices(dim)
-    out = np.zeros((packed.shape[0], dim, dim))
-    out[:, rows, cols] = packed
-    out[:, cols, rows] = packed
+def unpack_upper(packed: np.ndarray, dim: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Inverse of :func:`pack_upper`: (k, D(D+1)/2) -> (k, D, D) symmetric, float64
+    (written into ``out`` when given: (k, D, D), any float dtype)."""
+    if packed.shape[-1] != dim * (dim + 1) // 2:
+        raise ValueError(f"{packed.shape[-1]} packed entries are not the upper triangle of "
+                         f"a {dim} x {dim} matrix ({dim * (dim + 1) // 2})")
+    if out is None:
+        out = np.empty((packed.shape[0], dim, dim))
+    pos = 0
+    for i in range(dim):
+        row = packed[:, pos:pos + dim - i]
+        out[:, i, i:] = row
+        out[:, i:, i] = row
+        pos += dim - i
     return out
 
 
