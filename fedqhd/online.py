@@ -1010,10 +1010,9 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
 #: ``n_anchors`` (:func:`fedqhd.anchors.make_anchors`; default 1000 rollout anchors),
 #: ``act_local`` (readout averaging: clients collect with their own last fit),
 #: ``capacity`` (buffer slots of every client, instead of :func:`default_capacity` of its
-#: D), ``obs_scale`` (per-
-#: dimension multipliers of the task's observation bounds, for the encoder only: the
-#: kernel's length scale per coordinate; :func:`encoder_bound`) and ``heterogeneous``
-#: (overrides for heterogeneous encoders).
+#: D), ``obs_scale`` (per-dimension multipliers of the task's observation bounds, for the
+#: encoder only: the kernel's length scale per coordinate; :func:`encoder_bound`) and
+#: ``heterogeneous`` (overrides for heterogeneous encoders).
 ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
     "CartPole-v1": dict(dim=500, enc_gamma=1.0, gamma=0.9, ridge=1.0, proximal=0.01,
                         sweeps=5, per_episode=20, tail=20, episodes_per_round=20,
@@ -1038,8 +1037,9 @@ ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
     # shared only: 77.8 vs 74.2 over 3 seeds (inside the seed spread), heterogeneous
     # -13.4 vs -4.7 with it ("LunarLander (fifth round)"); action_gap 0.5 (advantage
     # learning: a wider action gap keeps the greedy action where the fit is noisy):
-    # 3 seeds shared 94.6 vs 77.8, heterogeneous 17.1 vs -4.7, better or equal on seeds
-    # 45 / 46 ("Acrobot and LunarLander (seventh round)")
+    # 3 seeds shared 94.6 vs 77.8, heterogeneous 17.1 vs -4.7; on seeds 45 / 46 better
+    # shared, heterogeneous better on 45 and 3 worse on 46 ("Acrobot and LunarLander
+    # (seventh round)")
     "LunarLander-v3": dict(dim=1000, enc_gamma=1.0, gamma=0.99, ridge=0.1, proximal=0.01,
                            sweeps=10, per_episode=50, tail=20, episodes_per_round=20,
                            action_gap=0.5,
