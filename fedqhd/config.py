@@ -60,7 +60,8 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("online_gamma_ramp", "gamma_ramp"), ("episodes_per_round", "episodes_per_round"),
     ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"),
     ("online_capacity", "capacity"), ("anchor_source", "anchor_source"),
-    ("num_anchors", "n_anchors"), ("online_act_local", "act_local"))
+    ("num_anchors", "n_anchors"), ("online_act_local", "act_local"),
+    ("online_pessimism", "pessimism"))
 #: what online-settings = "auto" sets for learner dqn (fedqhd.baselines.dqn.DQN_SETTINGS,
 #: DISTILL_SETTINGS)
 _DQN_AUTO_FIELDS: tuple[tuple[str, str], ...] = (("gamma", "gamma"),
@@ -71,7 +72,7 @@ _AUTO_MISSING: dict[str, float | str | bool] = {"action_gap": 0.0, "fuse": 0.0, 
                                    "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0,
                                    "compile_ridge": 1.0, "capacity": 0,
                                    "anchor_source": "rollouts", "n_anchors": 1000,
-                                   "act_local": False}
+                                   "act_local": False, "pessimism": 0.0}
 
 
 class ConfigError(ValueError):
@@ -261,6 +262,7 @@ class RunConfig:
         "local-iterations, episodes-per-round, online-per-episode, online-action-gap, "
         "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
         "online-gamma-ramp, online-capacity, online-obs-scale, online-act-local, "
+        "online-pessimism, "
         "anchor-source, num-anchors and epsilon-* "
         "(set num-server-rounds = episodes / episodes-per-round); learner dqn: the paper's "
         "gamma, episodes-per-round, epsilon-* and num-anchors; manual = "
@@ -273,6 +275,10 @@ class RunConfig:
         "the buffer"))
     online_action_gap: float = field(default=0.0, metadata=_key(
         _float_range(0.0, 1.0), "online: advantage-learning weight (0: plain FQI)"))
+    online_pessimism: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1e9), "online: pessimism of the Bellman targets: each next-state "
+        "action's Q is lowered by this times its ridge posterior std over the prior's "
+        "(relative to the state's best-supported action; primal form only); 0: none"))
     online_fuse: float = field(default=0.0, metadata=_key(
         _float_range(0.0, 1e6), "online: per-transition pull of each action's readout "
         "toward the mean over actions (primal form; 0: independent)"))

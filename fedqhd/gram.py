@@ -10,13 +10,10 @@ to rounding.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-Solver = Callable[[np.ndarray], np.ndarray]
 
 
 def value_range(rewards: np.ndarray, gamma: float) -> tuple[float, float]:
@@ -58,16 +55,16 @@ class GramSystems:
         self.ridge, self.proximal = float(ridge), float(proximal)
         c = self.ridge + self.proximal
         try:
-            from scipy.linalg import cho_factor, cho_solve
+            from scipy.linalg import cho_factor
         except ImportError:  # the light install: numpy's factor, inverted once
             self._solvers = [_numpy_solver(gram, c) for gram in grams]
             return
-        solvers: list[Solver] = []
+        solvers: list[CholeskySolver] = []
         for gram in grams:
             shifted = np.array(gram, dtype=np.float64, order="F")
             shifted[np.diag_indices_from(shifted)] += c
             factor = cho_factor(shifted, lower=False, overwrite_a=True, check_finite=False)
-            solvers.append(partial(cho_solve, factor, check_finite=False))
+            solvers.append(CholeskySolver(factor=factor))
         self._solvers = solvers
 
     def solve(self, rhs: np.ndarray, prior: np.ndarray | None = None) -> np.ndarray:
@@ -78,8 +75,37 @@ class GramSystems:
         return np.stack([solve(b[:, a]) for a, solve in enumerate(self._solvers)], axis=1)
 
 
+class CholeskySolver:
+    """``b -> M^-1 b`` for ``M = G + shift I = L L^T``, from its lower factor (scipy's
+    ``cho_factor`` pair) or, numpy only, from ``L^-1``. :meth:`half_solve_t` gives
+    ``L^-T z``: with Gaussian probes ``z``, ``||(L^-T z)^T phi||^2`` averages to
+    ``phi^T M^-1 phi``, the ridge posterior's variance at features ``phi``."""
+
+    def __init__(self, factor: tuple[np.ndarray, bool] | None = None,
+                 inverse: np.ndarray | None = None) -> None:
+        if (factor is None) == (inverse is None):
+            raise ValueError("give the scipy factor or the inverse of L, not both")
+        self.factor, self.inverse = factor, inverse
+
+    def __call__(self, b: np.ndarray) -> np.ndarray:
+        if self.inverse is not None:
+            return self.inverse.T @ (self.inverse @ b)
+        from scipy.linalg import cho_solve
+        return cho_solve(self.factor, b, check_finite=False)
+
+    def half_solve_t(self, z: np.ndarray) -> np.ndarray:
+        """``L^-T z``."""
+        if self.inverse is not None:
+            return self.inverse.T @ z
+        from scipy.linalg import solve_triangular
+        assert self.factor is not None
+        matrix, lower = self.factor
+        return solve_triangular(matrix, z, lower=lower, trans="N" if not lower else "T",
+                                check_finite=False)
+
+
 #: one action's factored proximal ridge system: (mu, ridge + mu, b -> (G + (ridge + mu) I)^-1 b)
-PrimalSystem = tuple[float, float, Solver]
+PrimalSystem = tuple[float, float, CholeskySolver]
 
 
 def primal_system(gram: np.ndarray, ridge: float, mu: float) -> PrimalSystem:
@@ -91,13 +117,12 @@ def primal_system(gram: np.ndarray, ridge: float, mu: float) -> PrimalSystem:
     without scipy, numpy's factor gives the same solution to rounding."""
     c = float(ridge) + float(mu)
     try:
-        from scipy.linalg import cho_factor, cho_solve
+        from scipy.linalg import cho_factor
     except ImportError:  # the light install
         return float(mu), c, _numpy_solver(np.asarray(gram).T, c)  # its upper = G's lower
     g = np.array(gram, dtype=np.float64)
     g[np.diag_indices_from(g)] += c
-    factor = cho_factor(g, lower=True, check_finite=False)
-    return float(mu), c, partial(cho_solve, factor, check_finite=False)
+    return float(mu), c, CholeskySolver(factor=cho_factor(g, lower=True, check_finite=False))
 
 
 def proximal_solve(system: PrimalSystem, rhs: np.ndarray, prior: np.ndarray) -> np.ndarray:
@@ -127,7 +152,7 @@ def pooled_solve(systems: Sequence[PrimalSystem], rhs: np.ndarray, prior: np.nda
                      for a, system in enumerate(systems)], axis=1)
 
 
-def _numpy_solver(gram: np.ndarray, shift: float) -> Solver:
+def _numpy_solver(gram: np.ndarray, shift: float) -> CholeskySolver:
     """``b -> (G + shift I)^{-1} b`` from the upper triangle of ``G``, numpy only:
     ``G + shift I = L L^T``, kept as ``L^{-1}`` so each solve is two matrix products."""
     upper = np.triu(np.asarray(gram, dtype=np.float64))
@@ -136,4 +161,4 @@ def _numpy_solver(gram: np.ndarray, shift: float) -> Solver:
     lower = np.linalg.cholesky(shifted)
     inverse = np.linalg.solve(lower, np.eye(len(lower)))
     inverse = np.tril(inverse)  # exact zeros above the diagonal
-    return lambda b: inverse.T @ (inverse @ b)
+    return CholeskySolver(inverse=inverse)

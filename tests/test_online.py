@@ -289,3 +289,75 @@ def test_compile_refactors_for_new_anchor_features_even_at_a_reused_address():
         fresh.readout = np.zeros_like(fresh.readout)
         fresh.compile(new, teacher, 1.0)
         np.testing.assert_allclose(cl.readout, fresh.readout, rtol=1e-10, atol=1e-12)
+
+
+def _pessimist(pessimism=1.0, seed=0):
+    cl = _client("primal", capacity=400, seed=seed)
+    cl.pessimism = pessimism
+    collect_many([cl], [6], [1.0])
+    return cl
+
+
+def test_uncertainty_penalty_is_the_relative_ridge_posterior_std():
+    cl = _pessimist(pessimism=2.0)
+    systems = cl.primal_systems()
+    f = cl.next_features[:cl.size].astype(np.float64)
+    exact = np.empty((cl.size, cl.n_actions))
+    for b, (_, c, _) in enumerate(systems):
+        m = cl.gram[b] + c * np.eye(cl.dim)
+        exact[:, b] = np.sqrt(c * np.einsum("nd,nd->n", f, np.linalg.solve(m, f.T).T))
+    assert 0.0 < exact.min() and exact.max() <= 1.0 + 1e-9  # posterior std <= prior's
+    exact = 2.0 * (exact - exact.min(axis=1, keepdims=True))
+    probed = cl.uncertainty_penalty(systems, probes=4000)
+    assert np.all(probed.min(axis=1) == 0.0)  # the best-supported action pays nothing
+    assert np.abs(probed - exact).max() < 0.1 * exact.max()
+    # 16 probes (the fit's): same ranking of the actions on most states
+    quick = cl.uncertainty_penalty(systems)
+    assert np.mean(quick.argmax(axis=1) == exact.argmax(axis=1)) > 0.8
+
+
+def test_an_action_the_buffer_never_took_pays_the_largest_penalty():
+    cl = _pessimist()
+    keep = cl.actions[:cl.size] == 0  # a buffer of action 0 only: action 1 unsupported
+    cl.gram[1] = 0.0
+    cl.actions[:cl.size][~keep] = 0
+    cl.gram[0] = (lambda x: x.T @ x)(cl.features[:cl.size].astype(np.float64))
+    pen = cl.uncertainty_penalty(cl.primal_systems(), probes=400)
+    assert np.all(pen[:, 0] == 0.0) and np.all(pen[:, 1] > 0.0)
+
+
+def test_pessimistic_targets_are_lower_where_actions_are_unsupported():
+    cl = _pessimist(pessimism=5.0)
+    readout = cl.fit(3)
+    pen = cl.uncertainty_penalty(cl.primal_systems())
+    plain, pess = cl.targets(readout), cl.targets(readout, penalty=pen)
+    ends = cl.continues[:cl.size] == 0
+    assert np.all(pess <= plain + 1e-9) and np.mean(pess < plain - 1e-6) > 0.3
+    assert np.all(pess[ends] == plain[ends])  # a terminal transition does not bootstrap
+    # and the fit uses them: the same client without pessimism fits another readout
+    twin = _pessimist(pessimism=0.0)
+    assert not np.allclose(_pessimist(pessimism=5.0).fit(3), twin.fit(3))
+
+
+def test_pessimism_refuses_bad_values():
+    enc = HDEncoder(20, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
+    enc.fit(np.zeros((1, 4)))
+    for kw in ({"pessimism": -1.0}, {"pessimism": 1.0, "fuse": 0.1}):
+        with pytest.raises(ValueError, match="pessimism"):
+            OnlineClient("CartPole-v1", enc, capacity=50, **kw)
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_half_solve_of_the_factor_with_and_without_scipy(lower):
+    from scipy.linalg import cho_factor
+
+    from fedqhd.gram import CholeskySolver, _numpy_solver
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((200, 30))
+    m = x.T @ x + 3.0 * np.eye(30)
+    z = rng.standard_normal((30, 4))
+    want = np.linalg.solve(np.linalg.cholesky(m).T, z)  # L^-T z
+    for solver in (CholeskySolver(factor=cho_factor(m, lower=lower)),
+                   _numpy_solver(x.T @ x, 3.0)):
+        np.testing.assert_allclose(solver.half_solve_t(z), want, atol=1e-10)
+        np.testing.assert_allclose(solver(z), np.linalg.solve(m, z), atol=1e-10)

@@ -48,6 +48,8 @@ def test_online_keys_are_validated():
     with pytest.raises(ConfigError, match="'protocol' = 'online' needs 'learner' = 'fqi'"):
         RunConfig.from_run_config({"protocol": "online", "learner": "pool",
                                    "env-id": "fedqhd/Inventory-v0"})
+    with pytest.raises(ConfigError, match="online-pessimism"):
+        RunConfig.from_run_config({"protocol": "online", "online-pessimism": -1.0})
     with pytest.raises(ConfigError, match="floor <= start"):
         RunConfig.from_run_config({"epsilon-start": 0.1, "epsilon-floor": 0.5})
 
@@ -73,6 +75,7 @@ def test_online_auto_settings_follow_the_per_task_table():
         assert (cfg.anchor_source, cfg.num_anchors) == (
             table.get("anchor_source", "rollouts"), table.get("n_anchors", 1000))
         assert cfg.online_act_local == table.get("act_local", False)
+        assert cfg.online_pessimism == table.get("pessimism", 0.0)
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
         assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table
@@ -103,6 +106,7 @@ def test_run_online_defaults_are_the_table(monkeypatch):
         assert (seen["fuse"], seen["n_step"], seen["action_gap"]) == (
             table.get("fuse", 0.0), table.get("n_step", 1), table.get("action_gap", 0.0))
         assert seen["n_parallel"] == table["episodes_per_round"]
+        assert seen["pessimism"] == table.get("pessimism", 0.0)
         assert seen["capacity"] == (table.get("capacity") or online.default_capacity(dim))
 
 
@@ -125,7 +129,7 @@ def test_a_tasks_heterogeneous_overrides_reach_only_heterogeneous_clients(monkey
             with pytest.raises(RuntimeError, match="stop"):
                 online.run_online(env_id, encoder=encoder)
             for key, value in entry["heterogeneous"].items():
-                if key not in ("ridge", "proximal", "gamma"):  # others are renamed
+                if key not in ("ridge", "proximal", "gamma", "pessimism"):  # others renamed
                     continue
                 want = value if encoder == "heterogeneous" else entry[key]
                 assert seen[key] == want, (env_id, encoder, key)

@@ -87,7 +87,7 @@ def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, d
     client = OnlineClient(cfg.env_id, encoder, gamma=cfg.gamma, ridge=cfg.ridge,
                           proximal=cfg.proximal, action_gap=cfg.online_action_gap,
                           fuse=cfg.online_fuse, n_step=cfg.online_n_step,
-                          tail=cfg.online_tail,
+                          tail=cfg.online_tail, pessimism=cfg.online_pessimism,
                           capacity=capacity,
                           per_episode=cfg.online_per_episode,
                           n_parallel=cfg.episodes_per_round,
@@ -211,7 +211,8 @@ def run_online_kwargs(cfg: RunConfig) -> dict[str, Any]:
                 epsilon=(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor),
                 obs_scale=cfg.obs_scale, n_anchors=cfg.num_anchors,
                 anchor_source=cfg.anchor_source, act_local=cfg.online_act_local,
-                compile_ridge=cfg.online_compile_ridge or cfg.ridge)
+                compile_ridge=cfg.online_compile_ridge or cfg.ridge,
+                pessimism=cfg.online_pessimism)
 
 
 def with_train_return(plan: ServerPlan) -> ServerPlan:
