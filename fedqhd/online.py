@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -427,6 +428,9 @@ class OnlineClient:
         if form not in ("primal", "dual"):
             raise ValueError(f"form must be auto, primal or dual, got {form!r}")
         self.form = form
+        if self.pessimism > 0 and form == "dual":
+            warnings.warn(f"a client with D = {self.dim} above its {self.capacity} buffer "
+                          "slots fits in the dual form, without pessimism", stacklevel=2)
         self.rng = online_client_rng(seed)
         self.env = make_batch_env(env_id, int(n_parallel), self.rng, dynamics)
         self.n_parallel = int(n_parallel)

@@ -361,3 +361,9 @@ def test_half_solve_of_the_factor_with_and_without_scipy(lower):
                    _numpy_solver(x.T @ x, 3.0)):
         np.testing.assert_allclose(solver.half_solve_t(z), want, atol=1e-10)
         np.testing.assert_allclose(solver(z), np.linalg.solve(m, z), atol=1e-10)
+
+
+def test_a_dual_form_client_says_it_fits_without_pessimism():
+    enc = _client("dual", capacity=30).encoder
+    with pytest.warns(UserWarning, match="without pessimism"):
+        OnlineClient("CartPole-v1", enc, capacity=30, pessimism=1.0, form="dual")
