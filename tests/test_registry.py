@@ -377,3 +377,10 @@ def test_server_app_fails_the_run_on_a_bad_env_id(caplog) -> None:
     with pytest.raises(ConfigError, match="'env-id' = 'CartPol-v1' is invalid"):
         server_main(NoGrid(), Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                                       run_config={"env-id": "CartPol-v1"}))
+
+
+def test_the_final_log_line_keeps_a_zero_and_says_nan_only_when_missing():
+    from fedqhd.learners.base import greedy_final_line
+    assert greedy_final_line({"return-mean": 0.0, "return-std": 0.0, "round": 2}) == (
+        "final greedy return 0.0 +- 0.0 after 2 rounds")  # one evaluation episode: std 0
+    assert greedy_final_line({"round": 1}) == "final greedy return nan +- nan after 1 rounds"

@@ -109,9 +109,12 @@ def reply_counts_text(row: dict[str, Any]) -> str:
 
 def greedy_final_line(final: dict[str, Any]) -> str:
     """The end-of-run log line of learners whose ``final`` is a greedy return."""
-    nan = float("nan")
-    return (f"final greedy return {final.get('return-mean') or nan:.1f} +- "
-            f"{final.get('return-std') or nan:.1f} after {final.get('round')} rounds")
+    def value(key: str) -> float:  # 0.0 is a value (one evaluation episode: std 0)
+        got = final.get(key)
+        return float("nan") if got is None else float(got)
+
+    return (f"final greedy return {value('return-mean'):.1f} +- "
+            f"{value('return-std'):.1f} after {final.get('round')} rounds")
 
 
 def env_problem(learner: str, env_ids: tuple[str, ...], env_id: str) -> str | None:
