@@ -10,7 +10,8 @@ to rounding.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -85,23 +86,25 @@ class CholeskySolver:
                  inverse: np.ndarray | None = None) -> None:
         if (factor is None) == (inverse is None):
             raise ValueError("give the scipy factor or the inverse of L, not both")
-        self.factor, self.inverse = factor, inverse
+        self._solve: Callable[[np.ndarray], np.ndarray]
+        self._half: Callable[[np.ndarray], np.ndarray]
+        if inverse is not None:
+            self._solve = lambda b: inverse.T @ (inverse @ b)
+            self._half = lambda z: inverse.T @ z
+        else:
+            from scipy.linalg import cho_solve, solve_triangular
+            assert factor is not None
+            matrix, lower = factor  # an upper factor U = L^T: L^-T z = U^-1 z
+            self._solve = partial(cho_solve, factor, check_finite=False)
+            self._half = partial(solve_triangular, matrix, lower=lower,
+                                 trans="T" if lower else "N", check_finite=False)
 
     def __call__(self, b: np.ndarray) -> np.ndarray:
-        if self.inverse is not None:
-            return self.inverse.T @ (self.inverse @ b)
-        from scipy.linalg import cho_solve
-        return cho_solve(self.factor, b, check_finite=False)
+        return self._solve(b)
 
     def half_solve_t(self, z: np.ndarray) -> np.ndarray:
         """``L^-T z``."""
-        if self.inverse is not None:
-            return self.inverse.T @ z
-        from scipy.linalg import solve_triangular
-        assert self.factor is not None
-        matrix, lower = self.factor
-        return solve_triangular(matrix, z, lower=lower, trans="N" if not lower else "T",
-                                check_finite=False)
+        return self._half(z)
 
 
 #: one action's factored proximal ridge system: (mu, ridge + mu, b -> (G + (ridge + mu) I)^-1 b)

@@ -680,13 +680,14 @@ class OnlineClient:
             systems: list[tuple[float, float, Any]] = []
             if self.form == "primal":
                 systems.extend(self.primal_systems())
-            for a in range(self.n_actions if self.form == "dual" else 0):
-                mu = self.proximal * len(rows[a])
-                c = self.ridge + mu
-                g = self.kernel[np.ix_(rows[a], rows[a])]
-                g[np.diag_indices_from(g)] += c
-                systems.append((mu, c, cho_factor(g, lower=True, check_finite=False)
-                                if len(g) else None))
+            else:
+                for a in range(self.n_actions):
+                    mu = self.proximal * len(rows[a])
+                    c = self.ridge + mu
+                    g = self.kernel[np.ix_(rows[a], rows[a])]
+                    g[np.diag_indices_from(g)] += c
+                    systems.append((mu, c, cho_factor(g, lower=True, check_finite=False)
+                                    if len(g) else None))
         penalty = None
         if self.pessimism > 0 and self.form == "primal":
             with self.timer("uncertainty"):

@@ -318,10 +318,9 @@ def test_uncertainty_penalty_is_the_relative_ridge_posterior_std():
 
 def test_an_action_the_buffer_never_took_pays_the_largest_penalty():
     cl = _pessimist()
-    keep = cl.actions[:cl.size] == 0  # a buffer of action 0 only: action 1 unsupported
-    cl.gram[1] = 0.0
-    cl.actions[:cl.size][~keep] = 0
-    cl.gram[0] = (lambda x: x.T @ x)(cl.features[:cl.size].astype(np.float64))
+    cl.actions[:cl.size] = 0  # a buffer of action 0 only: action 1 unsupported
+    feats = cl.features[:cl.size].astype(np.float64)
+    cl.gram[0], cl.gram[1] = feats.T @ feats, 0.0
     pen = cl.uncertainty_penalty(cl.primal_systems(), probes=400)
     assert np.all(pen[:, 0] == 0.0) and np.all(pen[:, 1] > 0.0)
 
