@@ -9,6 +9,15 @@ transitions and its action mix, and percentiles of the visited states (for the
 encoder's per-coordinate ``obs_scale``). Single-threaded:
 
     OMP_NUM_THREADS=1 python benchmarks/lunar_diagnose.py --seed 44 --encoder shared
+
+``--refit SWEEPS`` (shared encoder) then asks whether the federated chain or the data's own
+ridge FQI solution makes the policy: greedy returns (``--greedy`` episodes per client,
+every client acting with one readout) of the global readout, of ``SWEEPS`` more sweeps
+from it (same proximal pull), and of ``SWEEPS`` sweeps from zero on the same buffers
+without the pull and pulled toward zero (and from zero without the pull at each ridge of
+``--refit-ridges``); each refit is the transition-weighted mean of
+the clients' refits, as a round's average. Measured in BENCHMARKS.md, "LunarLander
+(ninth round)".
 """
 
 from __future__ import annotations
@@ -29,6 +38,10 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=600)
     parser.add_argument("--greedy", type=int, default=20, help="greedy episodes per client")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
+    parser.add_argument("--refit", type=int, default=0, metavar="SWEEPS",
+                        help="compare the global readout with refits (shared encoder)")
+    parser.add_argument("--refit-ridges", default="", metavar="R1,R2",
+                        help="with --refit: also refit from zero without the pull at these ridges")
     args = parser.parse_args()
     overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
     env_id = "LunarLander-v3"
@@ -45,6 +58,10 @@ def main() -> None:
     print(f"last100 {res.train_return_last100:.1f} greedy {res.greedy_return:.1f} "
           f"clients {[round(x, 1) for x in res.client_last100]} wall {res.wall_s:.1f} s "
           f"cpu {res.cpu_s:.1f} s")
+    if args.refit:
+        ridges = [float(r) for r in args.refit_ridges.split(",") if r.strip()]
+        refit_check(kept, args.refit, args.greedy, ridges)
+        return
     gamma = kept[0].gamma
     ends: dict[str, int] = {}
     lengths, q_err_start, q_err_all, returns, states = [], [], [], [], []
@@ -103,6 +120,43 @@ def main() -> None:
     print("visited |state| / obs_bound, percentiles 50/90/99 per coordinate:")
     for name, row in zip(("p50", "p90", "p99"), pct, strict=True):
         print(f"  {name}: {np.round(row, 3).tolist()}")
+
+
+def refit_check(clients: list[online.OnlineClient], sweeps: int, greedy: int,
+                ridges: list[float]) -> None:
+    """Greedy returns of the global readout and of refits on the clients' final buffers."""
+    if any(c.encoder is not clients[0].encoder for c in clients):
+        raise SystemExit("--refit needs the shared encoder (one readout for every client)")
+    weights = np.array([c.n_transitions for c in clients], dtype=float)
+    weights /= weights.sum()
+    start = clients[0].readout.copy()  # act_local off: every client holds the global readout
+
+    def refit(init: np.ndarray, pull: bool, ridge: float | None = None) -> np.ndarray:
+        fits = []
+        for c in clients:
+            proximal, own_ridge = c.proximal, c.ridge
+            c.proximal = proximal if pull else 0.0
+            c.ridge = own_ridge if ridge is None else ridge
+            fits.append(c.fit(sweeps, init=init, prior=init).copy())
+            c.proximal, c.ridge = proximal, own_ridge
+        return sum(w * f for w, f in zip(weights, fits, strict=True))
+
+    def greedy_return(readout: np.ndarray) -> float:
+        for c in clients:
+            c.readout = readout.copy()
+        out = online.collect_many(clients, [greedy] * len(clients), [0.0] * len(clients),
+                                  append=False)
+        return float(np.mean([o.mean() for o in out]))
+
+    zero = np.zeros_like(start)
+    rows = {"global readout": start,
+            f"{sweeps} more sweeps from it (same pull)": refit(start, True),
+            f"{sweeps} sweeps from zero, no pull": refit(zero, False),
+            f"{sweeps} sweeps from zero, pulled toward zero": refit(zero, True)}
+    for ridge in ridges:
+        rows[f"{sweeps} sweeps from zero, no pull, ridge {ridge:g}"] = refit(zero, False, ridge)
+    for name, readout in rows.items():
+        print(f"greedy return, {name}: {greedy_return(readout):.1f}", flush=True)
 
 
 if __name__ == "__main__":
