@@ -61,7 +61,7 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"),
     ("online_capacity", "capacity"), ("anchor_source", "anchor_source"),
     ("num_anchors", "n_anchors"), ("online_act_local", "act_local"),
-    ("online_pessimism", "pessimism"))
+    ("online_pessimism", "pessimism"), ("online_sweep_tol", "sweep_tol"))
 #: what online-settings = "auto" sets for learner dqn (fedqhd.baselines.dqn.DQN_SETTINGS,
 #: DISTILL_SETTINGS)
 _DQN_AUTO_FIELDS: tuple[tuple[str, str], ...] = (("gamma", "gamma"),
@@ -72,7 +72,7 @@ _AUTO_MISSING: dict[str, float | str | bool] = {"action_gap": 0.0, "fuse": 0.0, 
                                    "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0,
                                    "compile_ridge": 1.0, "capacity": 0,
                                    "anchor_source": "rollouts", "n_anchors": 1000,
-                                   "act_local": False, "pessimism": 0.0}
+                                   "act_local": False, "pessimism": 0.0, "sweep_tol": 0.0}
 
 
 class ConfigError(ValueError):
@@ -262,7 +262,7 @@ class RunConfig:
         "local-iterations, episodes-per-round, online-per-episode, online-action-gap, "
         "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
         "online-gamma-ramp, online-capacity, online-obs-scale, online-act-local, "
-        "online-pessimism, "
+        "online-pessimism, online-sweep-tol, "
         "anchor-source, num-anchors and epsilon-* "
         "(set num-server-rounds = episodes / episodes-per-round); learner dqn: the paper's "
         "gamma, episodes-per-round, epsilon-* and num-anchors; manual = "
@@ -279,6 +279,10 @@ class RunConfig:
         _float_range(0.0, 1e9), "online: pessimism of the Bellman targets: each next-state "
         "action's Q is lowered by this times its ridge posterior std over the prior's "
         "(relative to the state's best-supported action; primal form only); 0: none"))
+    online_sweep_tol: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1.0), "online: stop a round's FQI sweeps once one changes the "
+        "readout by at most this fraction of its norm (fewer sweeps, less CPU); 0: always "
+        "local-iterations sweeps"))
     online_fuse: float = field(default=0.0, metadata=_key(
         _float_range(0.0, 1e6), "online: per-transition pull of each action's readout "
         "toward the mean over actions (primal form; 0: independent)"))

@@ -338,6 +338,38 @@ def test_pessimistic_targets_are_lower_where_actions_are_unsupported():
     assert not np.allclose(_pessimist(pessimism=5.0).fit(3), twin.fit(3))
 
 
+@pytest.mark.parametrize("form", ["primal", "dual", "fused"])
+def test_sweep_tol_stops_at_the_first_sweep_that_settles(form):
+    """With ``sweep_tol`` a fit ends at the first sweep whose change is at most that
+    fraction of the readout's norm, with exactly that sweep's readout; 0 runs them all."""
+    enc = HDEncoder(40, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
+    enc.fit(np.zeros((1, 4)))
+    cl = OnlineClient("CartPole-v1", enc, capacity=150, per_episode=1000, n_parallel=4,
+                      form="primal" if form == "fused" else form,
+                      fuse=0.01 if form == "fused" else 0.0)
+    for _ in range(4):
+        collect_many([cl], [4], [1.0])
+    start = np.zeros((cl.dim, cl.n_actions))
+    full = [cl.fit(k, init=start).copy() for k in range(13)]  # full[k]: k sweeps
+    assert cl.sweeps_run == sum(range(13))  # sweep_tol 0: every sweep asked for
+    change = [np.linalg.norm(full[k] - full[k - 1]) / np.linalg.norm(full[k])
+              for k in range(1, 13)]
+    tol = change[3]  # the 4th sweep's change
+    stop = 1 + next(i for i, c in enumerate(change) if c <= tol)
+    assert stop <= 4 < 12
+    before = cl.sweeps_run
+    cl.sweep_tol = tol
+    np.testing.assert_array_equal(cl.fit(12, init=start), full[stop])
+    assert cl.sweeps_run - before == stop
+
+
+def test_sweep_tol_refuses_negative_values():
+    enc = HDEncoder(20, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
+    enc.fit(np.zeros((1, 4)))
+    with pytest.raises(ValueError, match="sweep_tol"):
+        OnlineClient("CartPole-v1", enc, capacity=50, sweep_tol=-1e-3)
+
+
 def test_pessimism_refuses_bad_values():
     enc = HDEncoder(20, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
     enc.fit(np.zeros((1, 4)))

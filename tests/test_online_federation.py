@@ -50,6 +50,8 @@ def test_online_keys_are_validated():
                                    "env-id": "fedqhd/Inventory-v0"})
     with pytest.raises(ConfigError, match="online-pessimism"):
         RunConfig.from_run_config({"protocol": "online", "online-pessimism": -1.0})
+    with pytest.raises(ConfigError, match="online-sweep-tol"):
+        RunConfig.from_run_config({"protocol": "online", "online-sweep-tol": -0.1})
     with pytest.raises(ConfigError, match="floor <= start"):
         RunConfig.from_run_config({"epsilon-start": 0.1, "epsilon-floor": 0.5})
 
@@ -76,6 +78,7 @@ def test_online_auto_settings_follow_the_per_task_table():
             table.get("anchor_source", "rollouts"), table.get("n_anchors", 1000))
         assert cfg.online_act_local == table.get("act_local", False)
         assert cfg.online_pessimism == table.get("pessimism", 0.0)
+        assert cfg.online_sweep_tol == table.get("sweep_tol", 0.0)
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
         assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table
@@ -107,6 +110,7 @@ def test_run_online_defaults_are_the_table(monkeypatch):
             table.get("fuse", 0.0), table.get("n_step", 1), table.get("action_gap", 0.0))
         assert seen["n_parallel"] == table["episodes_per_round"]
         assert seen["pessimism"] == table.get("pessimism", 0.0)
+        assert seen["sweep_tol"] == table.get("sweep_tol", 0.0)
         assert seen["capacity"] == (table.get("capacity") or online.default_capacity(dim))
 
 
@@ -304,3 +308,12 @@ def test_round_train_return_is_the_papers_plain_mean_over_clients(encoder):
         7: {TRAIN_RETURN_LAST100: 10.0, C.NUM_TRANSITIONS: 1000},
         8: {TRAIN_RETURN_LAST100: 30.0, C.NUM_TRANSITIONS: 10}}
     assert plan.evaluate(plan.initial_arrays)[TRAIN_RETURN_LAST100] == 20.0
+
+
+def test_the_app_and_its_bench_twin_give_clients_the_sweep_tolerance():
+    from fedqhd.learners.fqi_online import _new_client, run_online_kwargs
+    cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
+                                     "online-sweep-tol": 1e-3, "hd-dim": 20})
+    client, _ = _new_client(cfg, 0, 2)
+    assert client.sweep_tol == 1e-3
+    assert run_online_kwargs(cfg)["sweep_tol"] == 1e-3
