@@ -730,14 +730,18 @@ class OnlineClient:
                         resid = y[rows[a]] - fa @ shrunk.astype(np.float32)
                         alpha = cho_solve(fac, resid, check_finite=False)
                         new[:, a] = shrunk + fa.T @ alpha.astype(np.float32)
-                self.sweeps_run += 1
-                settled = (self.sweep_tol > 0 and np.linalg.norm(new - readout)
-                           <= self.sweep_tol * np.linalg.norm(new))
+                settled = self._settled(new, readout)
                 readout = new
                 if settled:
                     break
         self.readout = readout
         return readout
+
+    def _settled(self, new: np.ndarray, old: np.ndarray) -> bool:
+        """Count one sweep; true when ``sweep_tol`` says the fit may stop at ``new``."""
+        self.sweeps_run += 1
+        return bool(self.sweep_tol > 0
+                    and np.linalg.norm(new - old) <= self.sweep_tol * np.linalg.norm(new))
 
     def primal_systems(self) -> list[PrimalSystem]:
         """Each action's factored system ``G_a + (ridge + proximal n_a) I`` (primal form)."""
@@ -793,9 +797,7 @@ class OnlineClient:
                 wbar = cho_solve(s_fac, z.mean(axis=1), check_finite=False)
                 new = np.stack([z[:, a] + kappa * cho_solve(facs[a], wbar, check_finite=False)
                                 for a in range(n_act)], axis=1)
-                self.sweeps_run += 1
-                settled = (self.sweep_tol > 0 and np.linalg.norm(new - readout)
-                           <= self.sweep_tol * np.linalg.norm(new))
+                settled = self._settled(new, readout)
                 readout = new
                 if settled:
                     break
