@@ -297,7 +297,6 @@ def discount_schedule(gamma: float, final: float = 0.0, ramp: int = 1
     return lambda done: float(1.0 - 1.0 / (h0 + (h1 - h0) * min(1.0, done / max(ramp, 1))))
 
 
-SOFT_TAU = 0.0  # screen hook: softmax-weighted mean instead of the max in the targets
 #: seed of the probes of :meth:`OnlineClient.uncertainty_penalty`
 _PROBE_SEED = 20261130
 
@@ -645,13 +644,7 @@ class OnlineClient:
         next_q = self.next_features[:n] @ readout.astype(np.float32)
         if penalty is not None:
             next_q -= penalty
-        if SOFT_TAU:
-            z = (next_q - next_q.max(axis=1, keepdims=True)) / SOFT_TAU
-            p = np.exp(z)
-            p /= p.sum(axis=1, keepdims=True)
-            best = (p * next_q).sum(axis=1)
-        else:
-            best = next_q.max(axis=1)
+        best = next_q.max(axis=1)
         lo, hi = (self.r_min, self.r_max) if reward_range is None else reward_range
         q_range = value_range(np.array([lo, hi]), self.gamma)
         y = bellman_targets(self.rewards[:n], self.continues[:n], best, self.gamma, q_range)
