@@ -40,6 +40,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
     parser.add_argument("--refit", type=int, default=0, metavar="SWEEPS",
                         help="compare the global readout with refits (shared encoder)")
+    parser.add_argument("--refit-ends", action="store_true",
+                        help="with --refit: also roll out each refit as the final policy is")
     parser.add_argument("--refit-ridges", default="", metavar="R1,R2",
                         help="with --refit: also refit from zero without the pull at these ridges")
     args = parser.parse_args()
@@ -60,15 +62,29 @@ def main() -> None:
           f"cpu {res.cpu_s:.1f} s")
     if args.refit:
         ridges = [float(r) for r in args.refit_ridges.split(",") if r.strip()]
-        refit_check(kept, args.refit, args.greedy, ridges)
+        refit_check(kept, args.refit, args.greedy, ridges, args.seed if args.refit_ends else None)
         return
-    gamma = kept[0].gamma
+    states = greedy_rollouts(kept, args.greedy, args.seed, buffers=True)
+    bound = np.asarray(online.encoder_bound(env_id))
+    pct = np.percentile(np.abs(states), [50, 90, 99], axis=0) / bound
+    print("visited |state| / obs_bound, percentiles 50/90/99 per coordinate:")
+    for name, row in zip(("p50", "p90", "p99"), pct, strict=True):
+        print(f"  {name}: {np.round(row, 3).tolist()}")
+
+
+def greedy_rollouts(clients: list[online.OnlineClient], n_episodes: int, seed: int,
+                    buffers: bool = False) -> np.ndarray:
+    """Roll out each client's greedy policy ``n_episodes`` times (gymnasium's env, one
+    step at a time) and print how the episodes end, their returns and lengths, and Q of
+    the greedy action against the realised discounted return; ``buffers``: each client's
+    buffer too. Returns the visited states."""
+    gamma = clients[0].gamma
     ends: dict[str, int] = {}
     lengths, q_err_start, q_err_all, returns, states = [], [], [], [], []
-    rng = np.random.default_rng(args.seed)
-    for c, cl in enumerate(kept):
-        for _ in range(args.greedy):
-            env = make_env(env_id).unwrapped
+    rng = np.random.default_rng(seed)
+    for c, cl in enumerate(clients):
+        for _ in range(n_episodes):
+            env = make_env("LunarLander-v3").unwrapped
             obs, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
             qs, rs, term = [], [], False
             for _t in range(1000):
@@ -101,6 +117,8 @@ def main() -> None:
                 q_err_all.extend(err.tolist())
             lengths.append(len(rs))
             returns.append(sum(rs))
+        if not buffers:
+            continue
         n = cl.size
         term_share = float(np.mean(cl.continues[:n] == 0))
         mix = np.bincount(cl.actions[:n], minlength=cl.n_actions) / n
@@ -114,17 +132,13 @@ def main() -> None:
     print(f"Q(s,a) - realised discounted return: at step 0 mean {np.mean(q_err_start):.1f}; "
           f"all steps mean {np.mean(q_err_all):.1f}, median {np.median(q_err_all):.1f}, "
           f"mean |.| {np.mean(np.abs(q_err_all)):.1f}")
-    s = np.asarray(states)
-    bound = np.asarray(online.encoder_bound(env_id))
-    pct = np.percentile(np.abs(s), [50, 90, 99], axis=0) / bound
-    print("visited |state| / obs_bound, percentiles 50/90/99 per coordinate:")
-    for name, row in zip(("p50", "p90", "p99"), pct, strict=True):
-        print(f"  {name}: {np.round(row, 3).tolist()}")
+    return np.asarray(states)
 
 
 def refit_check(clients: list[online.OnlineClient], sweeps: int, greedy: int,
-                ridges: list[float]) -> None:
-    """Greedy returns of the global readout and of refits on the clients' final buffers."""
+                ridges: list[float], ends_seed: int | None = None) -> None:
+    """Greedy returns of the global readout and of refits on the clients' final buffers;
+    with ``ends_seed``, then each one's rollouts as :func:`greedy_rollouts` reports them."""
     if any(c.encoder is not clients[0].encoder for c in clients):
         raise SystemExit("--refit needs the shared encoder (one readout for every client)")
     weights = np.array([c.n_transitions for c in clients], dtype=float)
@@ -157,6 +171,12 @@ def refit_check(clients: list[online.OnlineClient], sweeps: int, greedy: int,
         rows[f"{sweeps} sweeps from zero, no pull, ridge {ridge:g}"] = refit(zero, False, ridge)
     for name, readout in rows.items():
         print(f"greedy return, {name}: {greedy_return(readout):.1f}", flush=True)
+    if ends_seed is not None:
+        for name, readout in rows.items():
+            for c in clients:
+                c.readout = readout.copy()
+            print(f"rollouts of {name}:")
+            greedy_rollouts(clients, greedy, ends_seed)
 
 
 if __name__ == "__main__":
