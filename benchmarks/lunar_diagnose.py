@@ -30,6 +30,8 @@ import numpy as np
 import fedqhd.online as online
 from fedqhd.envs import make_env
 
+ENV_ID = "LunarLander-v3"
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -46,7 +48,7 @@ def main() -> None:
                         help="with --refit: also refit from zero without the pull at these ridges")
     args = parser.parse_args()
     overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
-    env_id = "LunarLander-v3"
+    env_id = ENV_ID
     kept: list[online.OnlineClient] = []
 
     class Kept(online.OnlineClient):
@@ -84,7 +86,7 @@ def greedy_rollouts(clients: list[online.OnlineClient], n_episodes: int, seed: i
     rng = np.random.default_rng(seed)
     for c, cl in enumerate(clients):
         for _ in range(n_episodes):
-            env = make_env("LunarLander-v3").unwrapped
+            env = make_env(ENV_ID).unwrapped
             obs, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
             qs, rs, term = [], [], False
             for _t in range(1000):
@@ -151,8 +153,10 @@ def refit_check(clients: list[online.OnlineClient], sweeps: int, greedy: int,
             proximal, own_ridge = c.proximal, c.ridge
             c.proximal = proximal if pull else 0.0
             c.ridge = own_ridge if ridge is None else ridge
-            fits.append(c.fit(sweeps, init=init, prior=init).copy())
-            c.proximal, c.ridge = proximal, own_ridge
+            try:
+                fits.append(c.fit(sweeps, init=init, prior=init).copy())
+            finally:  # the client keeps its own settings for the next refit
+                c.proximal, c.ridge = proximal, own_ridge
         return sum(w * f for w, f in zip(weights, fits, strict=True))
 
     def greedy_return(readout: np.ndarray) -> float:
