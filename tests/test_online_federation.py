@@ -317,3 +317,21 @@ def test_the_app_and_its_bench_twin_give_clients_the_sweep_tolerance():
     client, _ = _new_client(cfg, 0, 2)
     assert client.sweep_tol == 1e-3
     assert run_online_kwargs(cfg)["sweep_tol"] == 1e-3
+
+
+def test_a_table_sweep_tolerance_reaches_the_bench_and_the_app(monkeypatch):
+    """No task sets ``sweep_tol`` today; one that did would reach both."""
+    entry = dict(ONLINE_SETTINGS["CartPole-v1"], sweep_tol=1e-3)
+    monkeypatch.setitem(ONLINE_SETTINGS, "CartPole-v1", entry)
+    cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "CartPole-v1"})
+    assert cfg.online_sweep_tol == 1e-3
+    seen = {}
+
+    def fake_init(self, env_id, encoder, **kw):
+        seen.update(kw)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(online.OnlineClient, "__init__", fake_init)
+    with pytest.raises(RuntimeError, match="stop"):
+        online.run_online("CartPole-v1")
+    assert seen["sweep_tol"] == 1e-3
