@@ -61,7 +61,8 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"),
     ("online_capacity", "capacity"), ("anchor_source", "anchor_source"),
     ("num_anchors", "n_anchors"), ("online_act_local", "act_local"),
-    ("online_pessimism", "pessimism"), ("online_sweep_tol", "sweep_tol"))
+    ("online_pessimism", "pessimism"), ("online_sweep_tol", "sweep_tol"),
+    ("online_mc_mix", "mc_mix"), ("online_mc_window", "mc_window"))
 #: what online-settings = "auto" sets for learner dqn (fedqhd.baselines.dqn.DQN_SETTINGS,
 #: DISTILL_SETTINGS)
 _DQN_AUTO_FIELDS: tuple[tuple[str, str], ...] = (("gamma", "gamma"),
@@ -72,7 +73,8 @@ _AUTO_MISSING: dict[str, float | str | bool] = {"action_gap": 0.0, "fuse": 0.0, 
                                    "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0,
                                    "compile_ridge": 1.0, "capacity": 0,
                                    "anchor_source": "rollouts", "n_anchors": 1000,
-                                   "act_local": False, "pessimism": 0.0, "sweep_tol": 0.0}
+                                   "act_local": False, "pessimism": 0.0, "sweep_tol": 0.0,
+                                   "mc_mix": 0.0, "mc_window": 100}
 
 
 class ConfigError(ValueError):
@@ -262,7 +264,7 @@ class RunConfig:
         "local-iterations, episodes-per-round, online-per-episode, online-action-gap, "
         "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
         "online-gamma-ramp, online-capacity, online-obs-scale, online-act-local, "
-        "online-pessimism, online-sweep-tol, "
+        "online-pessimism, online-sweep-tol, online-mc-mix, online-mc-window, "
         "anchor-source, num-anchors and epsilon-* "
         "(set num-server-rounds = episodes / episodes-per-round); learner dqn: the paper's "
         "gamma, episodes-per-round, epsilon-* and num-anchors; manual = "
@@ -283,6 +285,13 @@ class RunConfig:
         _float_range(0.0, 1.0), "online: stop a round's FQI sweeps once one changes the "
         "readout by at most this fraction of its norm (fewer sweeps, less CPU); 0: always "
         "local-iterations sweeps"))
+    online_mc_mix: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1.0), "online: weight of the realised discounted return in the "
+        "targets of the transitions from a client's last online-mc-window episodes (mixed "
+        "Monte-Carlo targets); 0: Bellman targets only"))
+    online_mc_window: int = field(default=100, metadata=_key(
+        _int_range(1, 10_000_000), "online: the mixed Monte-Carlo targets take the returns "
+        "of a client's last this-many episodes"))
     online_fuse: float = field(default=0.0, metadata=_key(
         _float_range(0.0, 1e6), "online: per-transition pull of each action's readout "
         "toward the mean over actions (primal form; 0: independent)"))

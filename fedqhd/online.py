@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
+from scipy.signal import lfilter
 
 from fedqhd.anchors import make_anchors
 from fedqhd.encoders import (
@@ -388,6 +389,18 @@ class OnlineClient:
         at the episode's end), so one sweep propagates values ``n_step`` steps. 1: plain.
     capacity : int
         Slots of the regression buffer (reservoir replacement once full).
+    mc_mix, mc_window : float, int
+        Mixed Monte-Carlo targets (Bellemare et al. 2016; Ostrovski et al. 2017): the
+        target of every buffered transition from this client's last ``mc_window``
+        episodes is ``(1 - mc_mix)`` times its Bellman target plus ``mc_mix`` times the
+        discounted return the episode actually collected from it (its return-to-go,
+        kept at collection; an episode cut by the time limit counts only the rewards it
+        had). FQI's max over a fitted Q overestimates, and on a long task the error feeds
+        itself round after round (LunarLander: Q of the start states 20-45 above the
+        realised discounted return while the landings decline); the realised returns of
+        the recent, nearly greedy episodes pull the values back to what the policy earns,
+        where older episodes' returns would pull toward what older policies earned.
+        0: plain Bellman targets.
     sweep_tol : float
         Stop :meth:`fit`'s sweeps early once a sweep changes the readout by at most
         ``sweep_tol`` of its norm (Frobenius); the readout is then the last sweep's, as
@@ -411,6 +424,7 @@ class OnlineClient:
                  ridge: float = 1.0, proximal: float = 0.01, action_gap: float = 0.0,
                  fuse: float = 0.0, n_step: int = 1, tail: int = 0,
                  capacity: int = 20000, pessimism: float = 0.0, sweep_tol: float = 0.0,
+                 mc_mix: float = 0.0, mc_window: int = 100,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
                  dynamics: dict[str, float] | None = None, form: str = "auto") -> None:
         spec = get_spec(env_id)
@@ -423,6 +437,10 @@ class OnlineClient:
         self.sweep_tol = float(sweep_tol)
         if not self.sweep_tol >= 0:
             raise ValueError(f"sweep_tol must be >= 0, got {sweep_tol}")
+        self.mc_mix, self.mc_window = float(mc_mix), int(mc_window)
+        if not 0.0 <= self.mc_mix <= 1.0 or self.mc_window < 1:
+            raise ValueError(f"mc_mix must be in [0, 1] and mc_window >= 1; got "
+                             f"mc_mix={mc_mix}, mc_window={mc_window}")
         #: FQI sweeps run by :meth:`fit` so far (fewer than asked for with ``sweep_tol``)
         self.sweeps_run = 0
         self.n_step = int(n_step)
@@ -456,6 +474,10 @@ class OnlineClient:
         self.actions = np.zeros(cap, dtype=np.int64)
         self.rewards = np.zeros(cap)
         self.continues = np.zeros(cap)
+        # each row's discounted return-to-go in its episode, and that episode's number
+        # (0-based over the client's episodes): the mixed Monte-Carlo targets (mc_mix)
+        self.returns_to_go = np.zeros(cap)
+        self.row_episode = np.zeros(cap, dtype=np.int64)
         self.size = 0          # filled slots
         self.seen = 0          # transitions offered to the buffer (reservoir counter)
         self.n_transitions = 0  # all transitions collected
@@ -473,12 +495,18 @@ class OnlineClient:
     def append(self, states: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
                next_states: np.ndarray, terminated: np.ndarray,
                continues: np.ndarray | None = None,
-               reward_range: tuple[float, float] | None = None) -> None:
+               reward_range: tuple[float, float] | None = None, *,
+               returns_to_go: np.ndarray | None = None,
+               episodes: np.ndarray | None = None) -> None:
         """Offer transitions to the buffer (reservoir once full) and update the statistics.
 
         ``continues`` (default ``1 - terminated``) multiplies ``gamma * max Q(next)`` in
         the targets; n-step transitions pass ``gamma**(n-1)`` (0 after termination),
-        their summed ``rewards`` and the one-step ``reward_range`` they came from."""
+        their summed ``rewards`` and the one-step ``reward_range`` they came from.
+        ``returns_to_go`` (each transition's discounted return in its episode, from its
+        one-step rewards) and ``episodes`` (the client's number of each one's episode)
+        feed the mixed Monte-Carlo targets (``mc_mix``); without them the rows take
+        their ``rewards`` and the latest episode's number."""
         actions = np.asarray(actions, dtype=np.int64)
         rewards = np.asarray(rewards, dtype=np.float64)
         n = len(actions)
@@ -517,6 +545,10 @@ class OnlineClient:
             self.actions[uniq] = actions[src]
             self.rewards[uniq] = rewards[src]
             self.continues[uniq] = np.asarray(continues, dtype=np.float64)[src]
+            self.returns_to_go[uniq] = (rewards if returns_to_go is None
+                                        else np.asarray(returns_to_go, dtype=np.float64))[src]
+            self.row_episode[uniq] = (max(len(self.episode_returns) - 1, 0) if episodes is None
+                                      else np.asarray(episodes, dtype=np.int64)[src])
             self.size = max(self.size, int(uniq.max()) + 1) if len(uniq) else self.size
             if self.form == "primal":
                 self._gram_add(new_f, actions[src], 1.0)
@@ -544,6 +576,7 @@ class OnlineClient:
         views = {"states": self.states[:n], "next-states": self.next_states[:n],
                  "actions": self.actions[:n], "rewards": self.rewards[:n],
                  "continues": self.continues[:n], "readout": self.readout,
+                 "returns-to-go": self.returns_to_go[:n], "row-episode": self.row_episode[:n],
                  "episode-returns": np.asarray(self.episode_returns, dtype=np.float64)}
         arrays = {k: np.array(v) for k, v in views.items()}
         arrays.update(pack_statistics(self.gram if self.form == "primal"
@@ -586,6 +619,8 @@ class OnlineClient:
         self.states[:n], self.next_states[:n] = arrays["states"], arrays["next-states"]
         self.actions[:n] = arrays["actions"]
         self.rewards[:n], self.continues[:n] = arrays["rewards"], arrays["continues"]
+        self.returns_to_go[:n] = arrays["returns-to-go"]
+        self.row_episode[:n] = arrays["row-episode"]
         k = 0 if reuse is None else reuse.size  # its filled slots: the rest was never encoded
         self._encode_rows(self.states, self.features,
                           None if reuse is None else (reuse.states[:k], reuse.features[:k]))
@@ -648,6 +683,10 @@ class OnlineClient:
         lo, hi = (self.r_min, self.r_max) if reward_range is None else reward_range
         q_range = value_range(np.array([lo, hi]), self.gamma)
         y = bellman_targets(self.rewards[:n], self.continues[:n], best, self.gamma, q_range)
+        if self.mc_mix > 0:
+            recent = self.row_episode[:n] >= len(self.episode_returns) - self.mc_window
+            g = np.clip(self.returns_to_go[:n], *q_range)
+            y[recent] = (1 - self.mc_mix) * y[recent] + self.mc_mix * g[recent]
         if self.action_gap:
             q = np.clip(self.features[:n] @ readout.astype(np.float32), *q_range)
             gap = q.max(axis=1) - q[np.arange(n), self.actions[:n]]
@@ -932,14 +971,31 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
                 cl.n_transitions += len(ep)
                 r_range = (float(r.min()), float(r.max()))
                 cont = 1.0 - te.astype(np.float64)
+                to_go = returns_to_go(ep, r, cl.gamma)
+                first = len(cl.episode_returns) - int(n_episodes[c])  # its first episode
                 if cl.n_step > 1:
                     r, s1, cont = _n_step(ep, r, s1, te, cl.n_step, cl.gamma)
             prev, cl.timer = cl.timer, timer
             try:
-                cl.append(s0[keep], a[keep], r[keep], s1[keep], te[keep], cont[keep], r_range)
+                cl.append(s0[keep], a[keep], r[keep], s1[keep], te[keep], cont[keep], r_range,
+                          returns_to_go=to_go[keep], episodes=first + ep[keep])
             finally:
                 cl.timer = prev
     return returns
+
+
+def returns_to_go(episode: np.ndarray, rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """``sum_{j >= 0} gamma^j r_{t+j}`` to the end of its episode, for every transition of
+    time-ordered ``episode`` labels (each episode's transitions in time order)."""
+    order = np.argsort(episode, kind="stable")
+    ep, r = episode[order], np.asarray(rewards, dtype=np.float64)[order]
+    cuts = np.r_[0, np.flatnonzero(np.diff(ep)) + 1, len(ep)]
+    out = np.empty(len(ep))
+    for i, j in zip(cuts[:-1], cuts[1:], strict=True):
+        out[i:j] = lfilter([1.0], [1.0, -gamma], r[i:j][::-1])[::-1]
+    result = np.empty_like(out)
+    result[order] = out
+    return result
 
 
 def _n_step(episode: np.ndarray, rewards: np.ndarray, next_states: np.ndarray,
@@ -1084,9 +1140,9 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
 #: shared encoder), ``enc_gamma`` (RFF bandwidth), ``gamma`` (discount), ``ridge``,
 #: ``proximal``, ``sweeps`` (FQI sweeps per round), ``per_episode`` (buffer quota per
 #: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor);
-#: optional: ``tail``, ``n_step``, ``action_gap``, ``pessimism``, ``fuse``, ``sweep_tol``
-#: (:class:`OnlineClient`), ``gamma_final``/``gamma_ramp`` (:func:`discount_schedule`),
-#: ``compile_ridge`` (ridge of the heterogeneous setting's teacher compilation, default 1),
+#: optional: ``tail``, ``n_step``, ``action_gap``, ``pessimism``, ``fuse``, ``sweep_tol``,
+#: ``mc_mix``, ``mc_window`` (:class:`OnlineClient`), ``gamma_final``/``gamma_ramp``
+#: (:func:`discount_schedule`), ``compile_ridge`` (ridge of the heterogeneous setting's teacher compilation, default 1),
 #: ``anchor_source`` and
 #: ``n_anchors`` (:func:`fedqhd.anchors.make_anchors`; default 1000 rollout anchors),
 #: ``act_local`` (readout averaging: clients collect with their own last fit),
@@ -1198,6 +1254,8 @@ def run_online(
     act_local: bool | None = None,
     pessimism: float | None = None,
     sweep_tol: float | None = None,
+    mc_mix: float | None = None,
+    mc_window: int | None = None,
     verbose: bool = False,
 ) -> OnlineResult:
     """The paper's online protocol in one process.
@@ -1249,6 +1307,8 @@ def run_online(
     act_local = bool(table.get("act_local", False) if act_local is None else act_local)
     pessimism = float(table.get("pessimism", 0.0) if pessimism is None else pessimism)
     sweep_tol = float(table.get("sweep_tol", 0.0) if sweep_tol is None else sweep_tol)
+    mc_mix = float(table.get("mc_mix", 0.0) if mc_mix is None else mc_mix)
+    mc_window = int(table.get("mc_window", 100) if mc_window is None else mc_window)
     n_anchors = table.get("n_anchors", 1000) if n_anchors is None else n_anchors
     anchor_source = (table.get("anchor_source", "rollouts") if anchor_source is None
                      else anchor_source)
@@ -1290,7 +1350,7 @@ def run_online(
         clients.append(OnlineClient(
             env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, action_gap=action_gap,
             n_step=n_step, fuse=fuse, tail=tail, capacity=cap, pessimism=pessimism,
-            sweep_tol=sweep_tol,
+            sweep_tol=sweep_tol, mc_mix=mc_mix, mc_window=mc_window,
             per_episode=per_episode, n_parallel=episodes_per_round,
             seed=shard_seed(seed, i),
             dynamics=None if dynamics is None else dynamics[i]))
@@ -1311,6 +1371,7 @@ def run_online(
                                       n_step=n_step, fuse=fuse, gamma_final=gamma_final,
                                       gamma_ramp=gamma_ramp, tail=tail,
                                       sweeps=sweeps, sweep_tol=sweep_tol,
+                                      mc_mix=mc_mix, mc_window=mc_window,
                                       per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
                                       anchor_source=anchor_source, act_local=act_local,

@@ -12,6 +12,7 @@ from fedqhd.online import (
     OnlineClient,
     collect_many,
     pack_statistics,
+    returns_to_go,
     run_online,
     unpack_statistics,
 )
@@ -398,3 +399,85 @@ def test_a_dual_form_client_says_it_fits_without_pessimism():
     enc = _client("dual", capacity=30).encoder
     with pytest.warns(UserWarning, match="without pessimism"):
         OnlineClient("CartPole-v1", enc, capacity=30, pessimism=1.0, form="dual")
+
+
+def test_returns_to_go_of_interleaved_episodes():
+    """Each transition's discounted return to the end of its own episode, whatever the
+    order the episodes' transitions are interleaved in."""
+    rng = np.random.default_rng(0)
+    episode = np.array([0, 1, 0, 2, 1, 0, 2, 2, 1, 0])
+    rewards = rng.normal(size=10)
+    got = returns_to_go(episode, rewards, 0.9)
+    for e in np.unique(episode):
+        idx = np.flatnonzero(episode == e)
+        want = [sum(0.9**j * rewards[k] for j, k in enumerate(idx[i:]))
+                for i in range(len(idx))]
+        np.testing.assert_allclose(got[idx], want, rtol=1e-12)
+
+
+def _mc_client(mc_mix, mc_window=100, capacity=2000, form="primal"):
+    enc = HDEncoder(40, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
+    enc.fit(np.zeros((1, 4)))
+    return OnlineClient("CartPole-v1", enc, capacity=capacity, per_episode=1000,
+                        n_parallel=4, seed=0, form=form, mc_mix=mc_mix,
+                        mc_window=mc_window)
+
+
+def test_the_buffer_keeps_each_rows_return_to_go_and_episode():
+    """Collected rows carry their episode's discounted return from them (CartPole: 1 per
+    step, so ``G_t = r_t + gamma G_{t+1}`` along an episode, the last one 1) and the
+    client's number of that episode."""
+    cl = _mc_client(0.5)
+    collect_many([cl], [4], [1.0])
+    collect_many([cl], [4], [1.0])
+    n = cl.size
+    assert n == cl.n_transitions  # every transition kept
+    eps = cl.row_episode[:n]
+    assert sorted(set(eps.tolist())) == list(range(8))
+    for e in range(8):
+        g = cl.returns_to_go[:n][eps == e]
+        assert g[-1] == 1.0
+        np.testing.assert_allclose(g[:-1], 1.0 + cl.gamma * g[1:], rtol=1e-12)
+        assert len(g) == cl.episode_returns[e]  # the whole episode, in time order
+
+
+@pytest.mark.parametrize("window", [3, 100])
+def test_mixed_monte_carlo_targets(window):
+    """The target of a row of the last ``mc_window`` episodes is ``(1 - mix)`` Bellman
+    plus ``mix`` times its realised return-to-go; older rows keep their Bellman target."""
+    cl = _mc_client(0.25, mc_window=window)
+    plain = _mc_client(0.0, mc_window=window)
+    for c in (cl, plain):
+        collect_many([c], [4], [1.0])
+        collect_many([c], [4], [1.0])
+    w = np.random.default_rng(1).normal(size=(cl.dim, cl.n_actions))
+    np.testing.assert_array_equal(cl.features, plain.features)  # the same data
+    bell, mixed = plain.targets(w), cl.targets(w)
+    recent = cl.row_episode[:cl.size] >= 8 - window
+    assert recent.any() and (window > 8 or not recent.all())
+    g = cl.returns_to_go[:cl.size]
+    np.testing.assert_allclose(mixed[recent], 0.75 * bell[recent] + 0.25 * g[recent])
+    np.testing.assert_array_equal(mixed[~recent], bell[~recent])
+    # and the fit regresses on them
+    assert not np.allclose(cl.fit(2, init=w), plain.fit(2, init=w))
+
+
+def test_mixed_monte_carlo_settings_are_validated():
+    with pytest.raises(ValueError, match="mc_mix"):
+        _mc_client(1.5)
+    with pytest.raises(ValueError, match="mc_window"):
+        _mc_client(0.5, mc_window=0)
+
+
+@pytest.mark.parametrize("form", ["primal", "dual"])
+def test_a_snapshot_keeps_the_returns_to_go(form):
+    """A rebuilt client fits the same mixed targets: the rows' returns and episode numbers
+    travel in the snapshot."""
+    cl = _mc_client(0.5, mc_window=3, capacity=150, form=form)
+    for _ in range(3):
+        collect_many([cl], [4], [1.0])
+    twin = _mc_client(0.5, mc_window=3, capacity=150, form=form)
+    twin.restore(*cl.snapshot())
+    np.testing.assert_array_equal(twin.returns_to_go, cl.returns_to_go)
+    np.testing.assert_array_equal(twin.row_episode, cl.row_episode)
+    np.testing.assert_array_equal(twin.fit(2), cl.fit(2))

@@ -52,6 +52,10 @@ def test_online_keys_are_validated():
         RunConfig.from_run_config({"protocol": "online", "online-pessimism": -1.0})
     with pytest.raises(ConfigError, match="online-sweep-tol"):
         RunConfig.from_run_config({"protocol": "online", "online-sweep-tol": -0.1})
+    with pytest.raises(ConfigError, match="online-mc-mix"):
+        RunConfig.from_run_config({"protocol": "online", "online-mc-mix": 1.5})
+    with pytest.raises(ConfigError, match="online-mc-window"):
+        RunConfig.from_run_config({"protocol": "online", "online-mc-window": 0})
     with pytest.raises(ConfigError, match="floor <= start"):
         RunConfig.from_run_config({"epsilon-start": 0.1, "epsilon-floor": 0.5})
 
@@ -79,6 +83,8 @@ def test_online_auto_settings_follow_the_per_task_table():
         assert cfg.online_act_local == table.get("act_local", False)
         assert cfg.online_pessimism == table.get("pessimism", 0.0)
         assert cfg.online_sweep_tol == table.get("sweep_tol", 0.0)
+        assert (cfg.online_mc_mix, cfg.online_mc_window) == (table.get("mc_mix", 0.0),
+                                                             table.get("mc_window", 100))
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
         assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table
@@ -111,6 +117,8 @@ def test_run_online_defaults_are_the_table(monkeypatch):
         assert seen["n_parallel"] == table["episodes_per_round"]
         assert seen["pessimism"] == table.get("pessimism", 0.0)
         assert seen["sweep_tol"] == table.get("sweep_tol", 0.0)
+        assert (seen["mc_mix"], seen["mc_window"]) == (table.get("mc_mix", 0.0),
+                                                       table.get("mc_window", 100))
         assert seen["capacity"] == (table.get("capacity") or online.default_capacity(dim))
 
 
@@ -335,3 +343,14 @@ def test_a_table_sweep_tolerance_reaches_the_bench_and_the_app(monkeypatch):
     with pytest.raises(RuntimeError, match="stop"):
         online.run_online("CartPole-v1")
     assert seen["sweep_tol"] == 1e-3
+
+
+def test_the_app_and_its_bench_twin_give_clients_the_monte_carlo_mix():
+    from fedqhd.learners.fqi_online import _new_client, run_online_kwargs
+    cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
+                                     "online-mc-mix": 0.4, "online-mc-window": 30,
+                                     "hd-dim": 20})
+    client, _ = _new_client(cfg, 0, 2)
+    assert (client.mc_mix, client.mc_window) == (0.4, 30)
+    kwargs = run_online_kwargs(cfg)
+    assert (kwargs["mc_mix"], kwargs["mc_window"]) == (0.4, 30)

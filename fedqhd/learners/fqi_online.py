@@ -88,7 +88,8 @@ def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, d
                           proximal=cfg.proximal, action_gap=cfg.online_action_gap,
                           fuse=cfg.online_fuse, n_step=cfg.online_n_step,
                           tail=cfg.online_tail, pessimism=cfg.online_pessimism,
-                          sweep_tol=cfg.online_sweep_tol, capacity=capacity,
+                          sweep_tol=cfg.online_sweep_tol, mc_mix=cfg.online_mc_mix,
+                          mc_window=cfg.online_mc_window, capacity=capacity,
                           per_episode=cfg.online_per_episode,
                           n_parallel=cfg.episodes_per_round,
                           seed=shard_seed(cfg.seed, pid), dynamics=dynamics or None)
@@ -212,7 +213,8 @@ def run_online_kwargs(cfg: RunConfig) -> dict[str, Any]:
                 obs_scale=cfg.obs_scale, n_anchors=cfg.num_anchors,
                 anchor_source=cfg.anchor_source, act_local=cfg.online_act_local,
                 compile_ridge=cfg.online_compile_ridge or cfg.ridge,
-                pessimism=cfg.online_pessimism, sweep_tol=cfg.online_sweep_tol)
+                pessimism=cfg.online_pessimism, sweep_tol=cfg.online_sweep_tol,
+                mc_mix=cfg.online_mc_mix, mc_window=cfg.online_mc_window)
 
 
 def with_train_return(plan: ServerPlan) -> ServerPlan:
