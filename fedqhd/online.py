@@ -1142,8 +1142,8 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
 #: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor);
 #: optional: ``tail``, ``n_step``, ``action_gap``, ``pessimism``, ``fuse``, ``sweep_tol``,
 #: ``mc_mix``, ``mc_window`` (:class:`OnlineClient`), ``gamma_final``/``gamma_ramp``
-#: (:func:`discount_schedule`), ``compile_ridge`` (ridge of the heterogeneous setting's teacher compilation, default 1),
-#: ``anchor_source`` and
+#: (:func:`discount_schedule`), ``compile_ridge`` (ridge of the heterogeneous setting's
+#: teacher compilation, default 1), ``anchor_source`` and
 #: ``n_anchors`` (:func:`fedqhd.anchors.make_anchors`; default 1000 rollout anchors),
 #: ``act_local`` (readout averaging: clients collect with their own last fit),
 #: ``capacity`` (buffer slots of every client, instead of :func:`default_capacity` of its
