@@ -619,8 +619,9 @@ class OnlineClient:
         self.states[:n], self.next_states[:n] = arrays["states"], arrays["next-states"]
         self.actions[:n] = arrays["actions"]
         self.rewards[:n], self.continues[:n] = arrays["rewards"], arrays["continues"]
-        self.returns_to_go[:n] = arrays["returns-to-go"]
-        self.row_episode[:n] = arrays["row-episode"]
+        # a snapshot from before mixed Monte-Carlo targets: its rows count as old episodes
+        self.returns_to_go[:n] = arrays.get("returns-to-go", arrays["rewards"])
+        self.row_episode[:n] = arrays.get("row-episode", -(2**62))
         k = 0 if reuse is None else reuse.size  # its filled slots: the rest was never encoded
         self._encode_rows(self.states, self.features,
                           None if reuse is None else (reuse.states[:k], reuse.features[:k]))

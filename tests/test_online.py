@@ -481,3 +481,22 @@ def test_a_snapshot_keeps_the_returns_to_go(form):
     np.testing.assert_array_equal(twin.returns_to_go, cl.returns_to_go)
     np.testing.assert_array_equal(twin.row_episode, cl.row_episode)
     np.testing.assert_array_equal(twin.fit(2), cl.fit(2))
+
+
+def test_a_snapshot_from_before_the_returns_restores_without_mixing_its_rows():
+    """A checkpoint written before rows kept their returns resumes: its rows count as old
+    episodes (Bellman targets), the rows collected after it mix as usual."""
+    cl = _mc_client(0.5, mc_window=3, capacity=400)
+    for _ in range(2):
+        collect_many([cl], [4], [1.0])
+    arrays, scalars = cl.snapshot()
+    old = {k: v for k, v in arrays.items() if k not in ("returns-to-go", "row-episode")}
+    twin = _mc_client(0.5, mc_window=3, capacity=400)
+    plain = _mc_client(0.0, capacity=400)
+    twin.restore(old, scalars)
+    plain.restore(old, scalars)
+    w = np.random.default_rng(2).normal(size=(cl.dim, cl.n_actions))
+    np.testing.assert_array_equal(twin.targets(w), plain.targets(w))
+    collect_many([twin], [4], [1.0])
+    n0 = scalars["size"]
+    assert np.all(twin.row_episode[n0:twin.size] >= 8)
