@@ -686,8 +686,8 @@ class OnlineClient:
         y = bellman_targets(self.rewards[:n], self.continues[:n], best, self.gamma, q_range)
         if self.mc_mix > 0:
             recent = self.row_episode[:n] >= len(self.episode_returns) - self.mc_window
-            g = np.clip(self.returns_to_go[:n], *q_range)
-            y[recent] = (1 - self.mc_mix) * y[recent] + self.mc_mix * g[recent]
+            g = np.clip(self.returns_to_go[:n][recent], *q_range)
+            y[recent] = (1 - self.mc_mix) * y[recent] + self.mc_mix * g
         if self.action_gap:
             q = np.clip(self.features[:n] @ readout.astype(np.float32), *q_range)
             gap = q.max(axis=1) - q[np.arange(n), self.actions[:n]]
