@@ -488,6 +488,11 @@ class OnlineClient:
             self.kernel = np.zeros((cap, cap))
         self.readout = np.zeros((dim, self.n_actions))
         self.episode_returns: list[float] = []
+        #: of the episodes of the last :meth:`collect` that appended: the value the
+        #: collecting readout gave each start state (``max_a Q(s_0, a)``) and the
+        #: discounted return the episode then realised from it (:meth:`value_bias`)
+        self.start_values = np.zeros(0)
+        self.start_returns = np.zeros(0)
         self.timer = _NO_TIMER
 
     # ----------------------------------------------------------------- buffer
@@ -693,6 +698,18 @@ class OnlineClient:
             gap = q.max(axis=1) - q[np.arange(n), self.actions[:n]]
             y = np.clip(y - self.action_gap * gap, *q_range)
         return y
+
+    def value_bias(self) -> float:
+        """Mean over the last collected episodes of the value the acting readout gave
+        each start state minus the discounted return the episode realised from it: how
+        far the policy's values are above (> 0) what it earns. A bias that grows round
+        after round while returns do not is FQI's overestimation feeding itself (the
+        max over a fitted Q); NaN before any appended collection. Episodes cut by the
+        time limit count only the rewards they had, so on tasks that truncate (MountainCar,
+        a hovering LunarLander) part of the bias is the missing tail."""
+        if not len(self.start_values):
+            return math.nan
+        return float(np.mean(self.start_values - self.start_returns))
 
     def action_counts(self) -> np.ndarray:
         """Transitions per action in the buffer (the pooled oracle's proximal weights)."""
@@ -974,6 +991,10 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
                 cont = 1.0 - te.astype(np.float64)
                 to_go = returns_to_go(ep, r, cl.gamma)
                 first = len(cl.episode_returns) - int(n_episodes[c])  # its first episode
+                # each episode's first transition is its start (records are in time order)
+                _, start = np.unique(ep, return_index=True)
+                cl.start_values = cl.q_values(s0[start]).max(axis=1)
+                cl.start_returns = to_go[start]
                 if cl.n_step > 1:
                     r, s1, cont = _n_step(ep, r, s1, te, cl.n_step, cl.gamma)
             prev, cl.timer = cl.timer, timer
@@ -1429,6 +1450,7 @@ def run_online(
         row = {"episodes": done, "train-return-last100": _last100(clients),
                "round-return": float(np.mean([np.mean(c.episode_returns[-k:])
                                               for c in clients])),
+               "value-bias": float(np.mean([c.value_bias() for c in clients])),
                "epsilon": float(eps[-1]), "wall-s": time.perf_counter() - wall0}
         result.rounds.append(row)
         if verbose:

@@ -91,7 +91,8 @@ def run_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 
         curve = [(r["episodes"], r["train-return-last100"]) for r in res.rounds]
         return {"train-return-last100": res.train_return_last100,
                 "greedy-return": res.greedy_return, "wall-s": res.wall_s, "cpu-s": res.cpu_s,
-                "curve": curve, "config": res.config, "aggregate": res.aggregate}
+                "curve": curve, "config": res.config, "aggregate": res.aggregate,
+                "value-bias": [(r["episodes"], r["value-bias"]) for r in res.rounds]}
     from fedqhd.baselines import dqn
 
     if method == "fedavg-dqn":

@@ -500,3 +500,27 @@ def test_a_snapshot_from_before_the_returns_restores_without_mixing_its_rows():
     collect_many([twin], [4], [1.0])
     n0 = scalars["size"]
     assert np.all(twin.row_episode[n0:twin.size] >= 8)
+
+
+def test_value_bias_is_the_start_values_minus_their_discounted_returns():
+    """CartPole pays 1 a step, so an episode of R steps realises (1 - g^R) / (1 - g) from
+    its start; the start values are the collecting readout's max over actions there."""
+    enc = HDEncoder(40, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
+    enc.fit(np.zeros((1, 4)))
+    cl = OnlineClient("CartPole-v1", enc, gamma=0.9, capacity=5000, per_episode=1000,
+                      n_parallel=4, seed=0)
+    assert np.isnan(cl.value_bias())
+    cl.readout = np.random.default_rng(0).normal(size=(40, 2))
+    returns = cl.collect(6, 1.0)
+    np.testing.assert_allclose(cl.start_returns, (1 - 0.9 ** returns) / (1 - 0.9), rtol=1e-12)
+    # every transition kept, in time order: each episode's first row is its start state
+    first = [np.flatnonzero(cl.row_episode[:cl.size] == e)[0] for e in range(6)]
+    q = cl.q_values(cl.states[first])
+    np.testing.assert_allclose(cl.start_values, q.max(axis=1), rtol=1e-9)
+    assert not np.allclose(cl.start_values, q.mean(axis=1))
+    assert cl.value_bias() == pytest.approx(float(np.mean(cl.start_values - cl.start_returns)))
+    values = cl.start_values.copy()
+    cl.collect(3, 0.0, append=False)  # a greedy evaluation is not a collection
+    np.testing.assert_array_equal(cl.start_values, values)
+    cl.collect(2, 1.0)  # the next collection replaces them
+    assert len(cl.start_values) == 2 and len(cl.start_returns) == 2

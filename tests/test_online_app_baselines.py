@@ -13,7 +13,7 @@ from messages import reply as _reply
 
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
-from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, run_online_kwargs
+from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, VALUE_BIAS, run_online_kwargs
 from fedqhd.online import OnlineClient, run_online
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
@@ -50,6 +50,9 @@ def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encod
     bench_curve = [r["train-return-last100"] for r in bench.rounds]
     np.testing.assert_allclose(app_curve, bench_curve, rtol=1e-9, atol=0)
     assert bench_curve[-1] > bench_curve[0]  # something is learned, so the curves say something
+    # the overestimation monitor: the plain mean over clients, as the bench's
+    np.testing.assert_allclose([r[VALUE_BIAS] for r in rounds],
+                               [r["value-bias"] for r in bench.rounds], rtol=1e-9, atol=1e-9)
     for r in rounds:  # every client trained (and, baselines, evaluated its own policy)
         assert r[C.REPLIES_OK] == n and r[C.REPLIES_WEIGHT_CAPPED] == 0
         assert np.isfinite(r[C.RETURN_MEAN])

@@ -60,6 +60,11 @@ from fedqhd.strategies import contract as C
 from fedqhd.strategies.truncate import with_head
 
 TRAIN_RETURN_LAST100 = "train-return-last100"  #: reply and round metric (the paper's metric)
+#: reply and round metric: value of the round's start states minus their realised
+#: discounted return (:meth:`fedqhd.online.OnlineClient.value_bias`)
+VALUE_BIAS = "value-bias"
+#: per-client reply metrics the round row averages plainly over the clients that replied
+_CLIENT_MEANS = (TRAIN_RETURN_LAST100, VALUE_BIAS)
 
 STATE_ARRAYS = "fedqhd-online"  #: context.state ArrayRecord: the client's snapshot arrays
 STATE_META = "fedqhd-online-meta"  #: context.state ConfigRecord: its scalars and version
@@ -219,19 +224,20 @@ def run_online_kwargs(cfg: RunConfig) -> dict[str, Any]:
 
 def with_train_return(plan: ServerPlan) -> ServerPlan:
     """``plan`` whose server evaluation adds ``train-return-last100`` as the paper defines
-    it: the plain mean over the clients that replied this round (the strategy's round
-    metric weights clients by their transitions, which favours long episodes)."""
+    it, the plain mean over the clients that replied this round (the strategy's round
+    metric weights clients by their transitions, which favours long episodes), and
+    ``value-bias`` likewise."""
     strategy, inner = plan.strategy, plan.evaluate
 
     def evaluate(arrays: ArrayRecord) -> MetricRecord | None:
         metrics = inner(arrays) if inner is not None else None
-        per_client = [m[TRAIN_RETURN_LAST100] for m in
-                      strategy.last_client_metrics.values()  # type: ignore[attr-defined]
-                      if TRAIN_RETURN_LAST100 in m]
-        if not per_client:
-            return metrics
-        metrics = metrics if metrics is not None else MetricRecord()
-        metrics[TRAIN_RETURN_LAST100] = float(np.mean(per_client))
+        replies = strategy.last_client_metrics.values()  # type: ignore[attr-defined]
+        for key in _CLIENT_MEANS:
+            per_client = [float(m[key]) for m in replies if key in m]
+            per_client = [v for v in per_client if np.isfinite(v)]
+            if per_client:
+                metrics = metrics if metrics is not None else MetricRecord()
+                metrics[key] = float(np.mean(per_client))
         return metrics
 
     return ServerPlan(plan.strategy, plan.initial_arrays, evaluate, plan.run_info)
@@ -258,7 +264,9 @@ class FQIOnline(FQI):
                                (TRAIN_RETURN_LAST100, "training return, clients' last 100 "
                                                       "episodes (the paper's metric)")),
                     band=(C.RETURN_STD, "+- std of the greedy return over episodes"),
-                    diagnostics=FQI.curves.diagnostics)
+                    diagnostics=((VALUE_BIAS, "value of the start states minus their "
+                                              "discounted return"),)
+                    + FQI.curves.diagnostics)
 
     def title(self, cfg: RunConfig) -> str:
         return (f"{cfg.env_id}: online FQI, {cfg.resolved_strategy}, {cfg.encoder} encoder, "
@@ -289,6 +297,7 @@ class FQIOnline(FQI):
 
     def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
         return (f"train return (last 100) {row.get(TRAIN_RETURN_LAST100, float('nan')):.1f} | "
+                f"value bias {row.get(VALUE_BIAS, float('nan')):.1f} | "
                 + super().round_line(cfg, row))
 
     def train(self, context: Context, cfg: RunConfig, arrays: Arrays
@@ -311,7 +320,8 @@ class FQIOnline(FQI):
             client.fit(cfg.local_iterations, init=start, prior=start)
         save_node(context, cfg, client, cache)
         metrics.update({C.NUM_TRANSITIONS: client.n_transitions,
-                        TRAIN_RETURN_LAST100: float(np.mean(client.episode_returns[-100:]))})
+                        TRAIN_RETURN_LAST100: float(np.mean(client.episode_returns[-100:])),
+                        VALUE_BIAS: client.value_bias()})
         if strategy in ("none", "truncate", "pooled"):
             # names the client: the server sums truncated readouts in partition order
             metrics[C.PARTITION_ID] = partition(context)[0]
