@@ -264,8 +264,7 @@ class FQIOnline(FQI):
                                (TRAIN_RETURN_LAST100, "training return, clients' last 100 "
                                                       "episodes (the paper's metric)")),
                     band=(C.RETURN_STD, "+- std of the greedy return over episodes"),
-                    diagnostics=((VALUE_BIAS, "value of the start states minus their "
-                                              "discounted return"),)
+                    diagnostics=((VALUE_BIAS, "value bias: Q(start) - its return"),)
                     + FQI.curves.diagnostics)
 
     def title(self, cfg: RunConfig) -> str:
