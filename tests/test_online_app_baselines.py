@@ -115,6 +115,9 @@ def test_app_fedqhd_anchor_equals_the_benchs_run(tmp_path, monkeypatch):
     app_curve = [r[TRAIN_RETURN_LAST100] for r in rounds]
     bench_curve = [r["train-return-last100"] for r in bench.rounds]
     np.testing.assert_allclose(app_curve, bench_curve, rtol=1e-9, atol=0)
+    # the clients act with the compiled teachers: their start values are the bench's
+    np.testing.assert_allclose([r[VALUE_BIAS] for r in rounds],
+                               [r["value-bias"] for r in bench.rounds], rtol=1e-9, atol=1e-9)
     for r in rounds:
         assert r[C.REPLIES_OK] == n and r[C.REPLIES_WEIGHT_CAPPED] == 0
         assert r[f"{C.EVALUATE_PREFIX}{C.REPLIES_OK}"] == n
