@@ -302,6 +302,27 @@ def discount_schedule(gamma: float, final: float = 0.0, ramp: int = 1
 _PROBE_SEED = 20261130
 
 
+def _posterior_probes(systems: Sequence[PrimalSystem], dim: int, probes: int = 16
+                      ) -> list[tuple[float, np.ndarray]]:
+    """Per action ``(c_a, L_a^-T Z)`` (float32) for ``probes`` Gaussian columns ``Z`` of a
+    fixed stream: ``c_a ||phi^T L_a^-T Z||^2 / probes`` estimates ``c_a phi^T (G_a + c_a
+    I)^-1 phi``, the ridge posterior's variance of ``Q(s, a)`` over the prior's."""
+    z = np.random.default_rng(_PROBE_SEED).standard_normal((dim, probes))
+    return [(c, solve.half_solve_t(z).astype(np.float32)) for (_, c, solve) in systems]
+
+
+def _relative_std(features: np.ndarray, posterior: Sequence[tuple[float, np.ndarray]]
+                  ) -> np.ndarray:
+    """``u_a - min_b u_b`` ``(n, |A|)`` at ``features``: each action's posterior standard
+    deviation relative to the state's best-supported action."""
+    out = np.empty((len(features), len(posterior)), dtype=np.float32)
+    for b, (c, half) in enumerate(posterior):
+        s = features @ half
+        out[:, b] = np.sqrt(c * np.mean(s * s, axis=1))
+    out -= out.min(axis=1, keepdims=True)
+    return out
+
+
 def _encode32(encoder: HDEncoder, states: np.ndarray) -> np.ndarray:
     """Float32 features (the encoder's float64 path spends most of its time in ``cos``)."""
     cache = encoder.__dict__.get("_online_f32")
@@ -401,6 +422,20 @@ class OnlineClient:
         the recent, nearly greedy episodes pull the values back to what the policy earns,
         where older episodes' returns would pull toward what older policies earned.
         0: plain Bellman targets.
+    ucb : float
+        Optimism while collecting: the client acts greedily on ``Q(s, a) + ucb (u_a(s) -
+        min_b u_b(s))``, ``u_a(s) = sqrt(c_a phi^T (G_a + c_a I)^-1 phi)`` the ridge
+        posterior's standard deviation of ``Q(s, a)`` over the prior's (1 where the buffer
+        has nothing like ``(s, a)``, toward 0 where it is dense; 16 Gaussian probes of each
+        action's factored system, as ``pessimism`` estimates it). Epsilon-greedy tries an
+        action at random; this tries the actions the data have not seen where the policy
+        goes, and the bonus fades by itself as they are seen. Once epsilon has decayed the
+        data hold only the greedy actions, so FQI's values of the others are extrapolated
+        and never corrected (Acrobot: the greedy policy of a fit disagrees with a bang-bang
+        policy that scores 10 more in 21 % of its states, confidently). Training episodes
+        only (a greedy evaluation acts on ``Q``); primal form only (in the dual form the
+        posterior at a state would cost a pass over the buffer: those clients act on
+        ``Q``). 0: off.
     sweep_tol : float
         Stop :meth:`fit`'s sweeps early once a sweep changes the readout by at most
         ``sweep_tol`` of its norm (Frobenius); the readout is then the last sweep's, as
@@ -424,7 +459,7 @@ class OnlineClient:
                  ridge: float = 1.0, proximal: float = 0.01, action_gap: float = 0.0,
                  fuse: float = 0.0, n_step: int = 1, tail: int = 0,
                  capacity: int = 20000, pessimism: float = 0.0, sweep_tol: float = 0.0,
-                 mc_mix: float = 0.0, mc_window: int = 100,
+                 mc_mix: float = 0.0, mc_window: int = 100, ucb: float = 0.0,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
                  dynamics: dict[str, float] | None = None, form: str = "auto") -> None:
         spec = get_spec(env_id)
@@ -441,6 +476,14 @@ class OnlineClient:
         if not 0.0 <= self.mc_mix <= 1.0 or self.mc_window < 1:
             raise ValueError(f"mc_mix must be in [0, 1] and mc_window >= 1; got "
                              f"mc_mix={mc_mix}, mc_window={mc_window}")
+        self.ucb = float(ucb)
+        if not (math.isfinite(self.ucb) and self.ucb >= 0):
+            raise ValueError(f"ucb must be finite and >= 0, got {ucb}")
+        if self.ucb > 0 and fuse > 0:
+            raise ValueError("ucb needs fuse = 0 (the fused fit factors other systems)")
+        #: per action, ``(c_a, L_a^-T Z)`` of the factored system the probes of ``ucb`` read,
+        #: for the buffer as it is (None: to factor again; :meth:`exploration_bonus`)
+        self._posterior: list[tuple[float, np.ndarray]] | None = None
         #: FQI sweeps run by :meth:`fit` so far (fewer than asked for with ``sweep_tol``)
         self.sweeps_run = 0
         self.n_step = int(n_step)
@@ -541,6 +584,7 @@ class OnlineClient:
         with self.timer("encode-buffer"):
             new_f = _encode32(self.encoder, np.asarray(states)[src])
             new_nf = _encode32(self.encoder, np.asarray(next_states)[src])
+        self._posterior = None  # the statistics change
         with self.timer("statistics"):
             if self.form == "primal" and len(replaced):
                 self._gram_add(self.features[replaced], self.actions[replaced], -1.0)
@@ -633,6 +677,7 @@ class OnlineClient:
         self._encode_rows(self.next_states, self.next_features,
                           None if reuse is None else (reuse.next_states[:k],
                                                       reuse.next_features[:k]))
+        self._posterior = None  # statistics replaced: factored again when ucb needs them
         if self.form == "primal":
             unpack_statistics(arrays, self.gram)
         else:
@@ -757,6 +802,9 @@ class OnlineClient:
                     g[np.diag_indices_from(g)] += c
                     systems.append((mu, c, cho_factor(g, lower=True, check_finite=False)
                                     if len(g) else None))
+        if self.ucb > 0 and self.form == "primal":
+            with self.timer("uncertainty"):
+                self._posterior = _posterior_probes(systems, self.dim)
         penalty = None
         if self.pessimism > 0 and self.form == "primal":
             with self.timer("uncertainty"):
@@ -808,13 +856,21 @@ class OnlineClient:
         probes of each factor (a fixed stream, so fits are reproducible). Relative to the
         state's best-supported action: an absolute penalty on every bootstrapped value
         would make ending an episode, which does not bootstrap, look good."""
-        z = np.random.default_rng(_PROBE_SEED).standard_normal((self.dim, probes))
-        out = np.empty((self.size, self.n_actions), dtype=np.float32)
-        for b, (_, c, solve) in enumerate(systems):
-            s = self.next_features[:self.size] @ solve.half_solve_t(z).astype(np.float32)
-            out[:, b] = np.sqrt(c * np.mean(s * s, axis=1))
-        out -= out.min(axis=1, keepdims=True)
+        out = _relative_std(self.next_features[:self.size],
+                            _posterior_probes(systems, self.dim, probes))
         return self.pessimism * out
+
+    def exploration_bonus(self, features: np.ndarray) -> np.ndarray | None:
+        """``ucb * (u_a(s) - min_b u_b(s))`` at float32 ``features`` ``(n, D)`` (see
+        ``ucb``), from the posterior of the buffer as it is; None when ``ucb`` is 0, the
+        form is dual or the buffer is empty. A client restored from a snapshot factors
+        its systems again here (the same systems, so the same bonus as the original's)."""
+        if self.ucb <= 0 or self.form != "primal" or self.size == 0:
+            return None
+        if self._posterior is None:
+            with self.timer("uncertainty"):
+                self._posterior = _posterior_probes(self.primal_systems(), self.dim)
+        return self.ucb * _relative_std(features, self._posterior)
 
     def _fit_fused(self, sweeps: int, readout: np.ndarray, prior: np.ndarray,
                    rows: list[np.ndarray]) -> np.ndarray:
@@ -933,6 +989,9 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
                     s, cl = st[c], clients[c]
                     b = s["b"]
                     q = feats[off:off + b] @ cl.readout.astype(np.float32)
+                    bonus = cl.exploration_bonus(feats[off:off + b]) if append else None
+                    if bonus is not None:
+                        q += bonus
                     off += b
                     act = q.argmax(axis=1)
                     explore = cl.rng.random(b) < eps[c][np.minimum(s["episode"],
@@ -1163,7 +1222,7 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
 #: ``proximal``, ``sweeps`` (FQI sweeps per round), ``per_episode`` (buffer quota per
 #: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor);
 #: optional: ``tail``, ``n_step``, ``action_gap``, ``pessimism``, ``fuse``, ``sweep_tol``,
-#: ``mc_mix``, ``mc_window`` (:class:`OnlineClient`), ``gamma_final``/``gamma_ramp``
+#: ``mc_mix``, ``mc_window``, ``ucb`` (:class:`OnlineClient`), ``gamma_final``/``gamma_ramp``
 #: (:func:`discount_schedule`), ``compile_ridge`` (ridge of the heterogeneous setting's
 #: teacher compilation, default 1), ``anchor_source`` and
 #: ``n_anchors`` (:func:`fedqhd.anchors.make_anchors`; default 1000 rollout anchors),
@@ -1285,6 +1344,7 @@ def run_online(
     sweep_tol: float | None = None,
     mc_mix: float | None = None,
     mc_window: int | None = None,
+    ucb: float | None = None,
     verbose: bool = False,
 ) -> OnlineResult:
     """The paper's online protocol in one process.
@@ -1338,6 +1398,7 @@ def run_online(
     sweep_tol = float(table.get("sweep_tol", 0.0) if sweep_tol is None else sweep_tol)
     mc_mix = float(table.get("mc_mix", 0.0) if mc_mix is None else mc_mix)
     mc_window = int(table.get("mc_window", 100) if mc_window is None else mc_window)
+    ucb = float(table.get("ucb", 0.0) if ucb is None else ucb)
     n_anchors = table.get("n_anchors", 1000) if n_anchors is None else n_anchors
     anchor_source = (table.get("anchor_source", "rollouts") if anchor_source is None
                      else anchor_source)
@@ -1379,7 +1440,7 @@ def run_online(
         clients.append(OnlineClient(
             env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, action_gap=action_gap,
             n_step=n_step, fuse=fuse, tail=tail, capacity=cap, pessimism=pessimism,
-            sweep_tol=sweep_tol, mc_mix=mc_mix, mc_window=mc_window,
+            sweep_tol=sweep_tol, mc_mix=mc_mix, mc_window=mc_window, ucb=ucb,
             per_episode=per_episode, n_parallel=episodes_per_round,
             seed=shard_seed(seed, i),
             dynamics=None if dynamics is None else dynamics[i]))
@@ -1400,7 +1461,7 @@ def run_online(
                                       n_step=n_step, fuse=fuse, gamma_final=gamma_final,
                                       gamma_ramp=gamma_ramp, tail=tail,
                                       sweeps=sweeps, sweep_tol=sweep_tol,
-                                      mc_mix=mc_mix, mc_window=mc_window,
+                                      mc_mix=mc_mix, mc_window=mc_window, ucb=ucb,
                                       per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
                                       anchor_source=anchor_source, act_local=act_local,

@@ -28,20 +28,25 @@ KEYS = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma
                                               ("truncate", "heterogeneous"),
                                               ("avg", "shared"),  # and FedQHD itself
                                               ("avg-act-local", "shared"),
-                                              ("avg-pessimism", "shared")])
+                                              ("avg-pessimism", "shared"),
+                                              ("avg-ucb", "shared")])
 def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encoder):
     """Round by round, the app's train-return-last100 is the bench's (same clients, seeds,
     settings, and the truncated mean summed in client order as the bench sums it); only
     the mean over clients is taken in reply order, hence 1e-9 and not equality.
     ``avg-act-local``: FedQHD whose clients collect with their own last fit;
-    ``avg-pessimism``: FedQHD with pessimistic targets."""
+    ``avg-pessimism``: FedQHD with pessimistic targets; ``avg-ucb``: FedQHD whose clients
+    collect optimistically (a client rebuilt from its node state factors its posterior
+    again and acts as the bench's)."""
     n = 3
     local, pessimism = strategy == "avg-act-local", 5.0 * (strategy == "avg-pessimism")
+    ucb = 2.0 * (strategy == "avg-ucb")
     strategy = "avg" if strategy.startswith("avg") else strategy
     cfg = RunConfig.from_run_config({**KEYS, "strategy": strategy, "encoder": encoder,
                                      "min-nodes": n, "output-dir": str(tmp_path),
                                      "online-act-local": local,
-                                     "online-pessimism": pessimism})
+                                     "online-pessimism": pessimism,
+                                     "online-ucb": ucb})
     _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),
                             cfg)
     rounds = json.loads((out / "results.json").read_text())["rounds"]
@@ -66,6 +71,10 @@ def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encod
         shared = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,
                             **{**run_online_kwargs(cfg), "act_local": False})
         assert [r["train-return-last100"] for r in shared.rounds] != bench_curve
+    if ucb:  # the clients did act on the bonus: the curve is not epsilon-greedy's
+        plain = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,
+                           **{**run_online_kwargs(cfg), "ucb": 0.0})
+        assert [r["train-return-last100"] for r in plain.rounds] != bench_curve
     if pessimism:  # the clients did fit pessimistic targets: the curve is not plain FQI's
         plain = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,
                            **{**run_online_kwargs(cfg), "pessimism": 0.0})

@@ -56,6 +56,8 @@ def test_online_keys_are_validated():
         RunConfig.from_run_config({"protocol": "online", "online-mc-mix": 1.5})
     with pytest.raises(ConfigError, match="online-mc-window"):
         RunConfig.from_run_config({"protocol": "online", "online-mc-window": 0})
+    with pytest.raises(ConfigError, match="online-ucb"):
+        RunConfig.from_run_config({"protocol": "online", "online-ucb": -1.0})
     with pytest.raises(ConfigError, match="floor <= start"):
         RunConfig.from_run_config({"epsilon-start": 0.1, "epsilon-floor": 0.5})
 

@@ -94,6 +94,7 @@ def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, d
                           fuse=cfg.online_fuse, n_step=cfg.online_n_step,
                           tail=cfg.online_tail, pessimism=cfg.online_pessimism,
                           sweep_tol=cfg.online_sweep_tol, mc_mix=cfg.online_mc_mix,
+                          ucb=cfg.online_ucb,
                           mc_window=cfg.online_mc_window, capacity=capacity,
                           per_episode=cfg.online_per_episode,
                           n_parallel=cfg.episodes_per_round,
@@ -219,7 +220,8 @@ def run_online_kwargs(cfg: RunConfig) -> dict[str, Any]:
                 anchor_source=cfg.anchor_source, act_local=cfg.online_act_local,
                 compile_ridge=cfg.online_compile_ridge or cfg.ridge,
                 pessimism=cfg.online_pessimism, sweep_tol=cfg.online_sweep_tol,
-                mc_mix=cfg.online_mc_mix, mc_window=cfg.online_mc_window)
+                mc_mix=cfg.online_mc_mix, mc_window=cfg.online_mc_window,
+                ucb=cfg.online_ucb)
 
 
 def with_train_return(plan: ServerPlan) -> ServerPlan:
