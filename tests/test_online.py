@@ -6,11 +6,11 @@ import pytest
 from fedqhd.encoders import HDEncoder
 from fedqhd.envs import get_spec, make_env
 from fedqhd.online import (
-    _posterior_probes,
     AcrobotBatch,
     CartPoleBatch,
     MountainCarBatch,
     OnlineClient,
+    _posterior_probes,
     collect_many,
     pack_statistics,
     returns_to_go,
