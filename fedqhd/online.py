@@ -867,9 +867,8 @@ class OnlineClient:
         its systems again here (the same systems, so the same bonus as the original's)."""
         if self.ucb <= 0 or self.form != "primal" or self.size == 0:
             return None
-        if self._posterior is None:
-            with self.timer("uncertainty"):
-                self._posterior = _posterior_probes(self.primal_systems(), self.dim)
+        if self._posterior is None:  # (inside the caller's "act" section of the profile)
+            self._posterior = _posterior_probes(self.primal_systems(), self.dim)
         return self.ucb * _relative_std(features, self._posterior)
 
     def _fit_fused(self, sweeps: int, readout: np.ndarray, prior: np.ndarray,
