@@ -1238,16 +1238,26 @@ ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
     # act_local (shared): five policies explore more than one; with 10 episodes per round
     # (60 rounds): 5 seeds -101.3 shared, -99.8 heterogeneous (table before: -109.5 and
     # -106.7 with uniform anchors; BENCHMARKS.md, "Acrobot and LunarLander (sixth round)")
+    # ucb (shared): optimistic collection; epsilon decays to 0 by episode ~50, after which
+    # the data hold only the greedy actions: seeds 42-46 -95.3 / -93.2 / -96.9 / -92.3 /
+    # -108.3 vs -96.2 / -97.6 / -101.9 / -106.6 / -104.1 (ucb 2: -96.6 on 42-44; ucb 10:
+    # -97.3); heterogeneous ucb 2 lost (-105.7 / -102.8) ("Eleventh round")
     "Acrobot-v1": dict(dim=1000, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
                        sweeps=10, n_step=5, action_gap=0.5, per_episode=20, tail=10,
                        episodes_per_round=10, epsilon=(1.0, 0.9, 0.0), act_local=True,
+                       ucb=5.0,
                        # uniform anchors: random-action rollouts stay near the hanging
                        # rest, where a swing-up policy's Q-values are not decided
                        # (BENCHMARKS.md, "Acrobot and LunarLander (sixth round)")
-                       heterogeneous=dict(proximal=0.001, anchor_source="uniform")),
+                       heterogeneous=dict(proximal=0.001, anchor_source="uniform", ucb=0.0)),
+    # ucb (shared): seeds 42-46 -130.3 / -137.1 / -142.9 / -130.3 / -131.6 vs -139.1 /
+    # -140.8 / -147.7 / -200.0 / -135.0 (seed 45 never reached the flag in its last 100
+    # episodes); ucb 5 -128.3 / -147.0 / -166.6; heterogeneous ucb 2 tied (-140.9 / -136.0
+    # vs -136.1 / -139.6), so not there ("Eleventh round")
     "MountainCar-v0": dict(dim=500, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
                            sweeps=20, per_episode=20, tail=10, episodes_per_round=20,
-                           epsilon=(1.0, 0.9, 0.01)),
+                           epsilon=(1.0, 0.9, 0.01), ucb=2.0,
+                           heterogeneous=dict(ucb=0.0)),
     # obs_scale: the velocities, angle and angular velocity a landing visits fill a
     # quarter to a third of obs_bound; at the full bound the kernel cannot tell a safe
     # touchdown from a crash (BENCHMARKS.md, "LunarLander (fourth round)"); ridge 0.1

@@ -87,6 +87,7 @@ def test_online_auto_settings_follow_the_per_task_table():
         assert cfg.online_sweep_tol == table.get("sweep_tol", 0.0)
         assert (cfg.online_mc_mix, cfg.online_mc_window) == (table.get("mc_mix", 0.0),
                                                              table.get("mc_window", 100))
+        assert cfg.online_ucb == table.get("ucb", 0.0)
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
         assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table
@@ -121,6 +122,7 @@ def test_run_online_defaults_are_the_table(monkeypatch):
         assert seen["sweep_tol"] == table.get("sweep_tol", 0.0)
         assert (seen["mc_mix"], seen["mc_window"]) == (table.get("mc_mix", 0.0),
                                                        table.get("mc_window", 100))
+        assert seen["ucb"] == table.get("ucb", 0.0)
         assert seen["capacity"] == (table.get("capacity") or online.default_capacity(dim))
 
 
