@@ -802,13 +802,14 @@ class OnlineClient:
                     g[np.diag_indices_from(g)] += c
                     systems.append((mu, c, cho_factor(g, lower=True, check_finite=False)
                                     if len(g) else None))
-        if self.ucb > 0 and self.form == "primal":
-            with self.timer("uncertainty"):
-                self._posterior = _posterior_probes(systems, self.dim)
         penalty = None
-        if self.pessimism > 0 and self.form == "primal":
-            with self.timer("uncertainty"):
-                penalty = self.uncertainty_penalty(systems)
+        if (self.ucb > 0 or self.pessimism > 0) and self.form == "primal":
+            with self.timer("uncertainty"):  # one set of probes for both
+                posterior = _posterior_probes(systems, self.dim)
+                if self.ucb > 0:
+                    self._posterior = posterior
+                if self.pessimism > 0:
+                    penalty = self.uncertainty_penalty(systems, posterior=posterior)
         with self.timer("sweeps"):
             onehot = self._onehot()
             feats = self.features[:n]
@@ -847,7 +848,8 @@ class OnlineClient:
         return [primal_system(self.gram[a], self.ridge, self.proximal * int(counts[a]))
                 for a in range(self.n_actions)]
 
-    def uncertainty_penalty(self, systems: Sequence[PrimalSystem], probes: int = 16
+    def uncertainty_penalty(self, systems: Sequence[PrimalSystem], probes: int = 16,
+                            posterior: Sequence[tuple[float, np.ndarray]] | None = None
                             ) -> np.ndarray:
         """``pessimism * (u_b(s') - min_c u_c(s'))`` for every buffered next state ``s'``
         and action ``b``, ``u_b = sqrt(c_b phi^T (G_b + c_b I)^-1 phi)``: the ridge
@@ -855,9 +857,11 @@ class OnlineClient:
         add nothing, toward 0 where they are dense), estimated with ``probes`` Gaussian
         probes of each factor (a fixed stream, so fits are reproducible). Relative to the
         state's best-supported action: an absolute penalty on every bootstrapped value
-        would make ending an episode, which does not bootstrap, look good."""
-        out = _relative_std(self.next_features[:self.size],
-                            _posterior_probes(systems, self.dim, probes))
+        would make ending an episode, which does not bootstrap, look good. ``posterior``:
+        the probes of ``systems`` already taken (:func:`_posterior_probes`)."""
+        if posterior is None:
+            posterior = _posterior_probes(systems, self.dim, probes)
+        out = _relative_std(self.next_features[:self.size], posterior)
         return self.pessimism * out
 
     def exploration_bonus(self, features: np.ndarray) -> np.ndarray | None:
