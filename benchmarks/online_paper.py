@@ -2,7 +2,8 @@
 
 5 clients x 600 episodes, metric = mean over clients of each client's last-100
 training-episode returns; also the greedy return of the final policies, wall and
-CPU seconds and where the time went. Settings per task come from
+CPU seconds and where the time went (``--json``: also every round's row, the
+learning curve and the value bias). Settings per task come from
 ``fedqhd.online.ONLINE_SETTINGS`` unless overridden. Run single-threaded:
 
     OMP_NUM_THREADS=1 python benchmarks/online_paper.py            # 4 tasks x 2 settings x 3 seeds
@@ -62,6 +63,7 @@ def main() -> None:
                              "greedy_return": r.greedy_return, "wall_s": r.wall_s,
                              "cpu_s": r.cpu_s, "profile": r.profile,
                              "client_last100": r.client_last100,
+                             "rounds": r.rounds,
                              "config": {k: list(v) if isinstance(v, tuple) else v
                                         for k, v in r.config.items()}})
             last = np.array([r.train_return_last100 for r in rows])
