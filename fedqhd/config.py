@@ -62,7 +62,8 @@ _AUTO_FIELDS: tuple[tuple[str, str], ...] = (
     ("online_capacity", "capacity"), ("anchor_source", "anchor_source"),
     ("num_anchors", "n_anchors"), ("online_act_local", "act_local"),
     ("online_pessimism", "pessimism"), ("online_sweep_tol", "sweep_tol"),
-    ("online_mc_mix", "mc_mix"), ("online_mc_window", "mc_window"), ("online_ucb", "ucb"))
+    ("online_mc_mix", "mc_mix"), ("online_mc_window", "mc_window"), ("online_ucb", "ucb"),
+    ("online_boltzmann", "boltzmann"))
 #: what online-settings = "auto" sets for learner dqn (fedqhd.baselines.dqn.DQN_SETTINGS,
 #: DISTILL_SETTINGS)
 _DQN_AUTO_FIELDS: tuple[tuple[str, str], ...] = (("gamma", "gamma"),
@@ -74,7 +75,8 @@ _AUTO_MISSING: dict[str, float | str | bool] = {"action_gap": 0.0, "fuse": 0.0, 
                                    "compile_ridge": 1.0, "capacity": 0,
                                    "anchor_source": "rollouts", "n_anchors": 1000,
                                    "act_local": False, "pessimism": 0.0, "sweep_tol": 0.0,
-                                   "mc_mix": 0.0, "mc_window": 100, "ucb": 0.0}
+                                   "mc_mix": 0.0, "mc_window": 100, "ucb": 0.0,
+                                   "boltzmann": 0.0}
 
 
 class ConfigError(ValueError):
@@ -265,6 +267,7 @@ class RunConfig:
         "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
         "online-gamma-ramp, online-capacity, online-obs-scale, online-act-local, "
         "online-pessimism, online-sweep-tol, online-mc-mix, online-mc-window, online-ucb, "
+        "online-boltzmann, "
         "anchor-source, num-anchors and epsilon-* "
         "(set num-server-rounds = episodes / episodes-per-round); learner dqn: the paper's "
         "gamma, episodes-per-round, epsilon-* and num-anchors; manual = "
@@ -293,6 +296,9 @@ class RunConfig:
         _float_range(0.0, 1e9), "online: optimism while collecting: clients act on Q plus "
         "this times each action's ridge posterior std over the prior's (relative to the "
         "state's best-supported action; primal form only); 0: epsilon-greedy alone"))
+    online_boltzmann: float = field(default=0.0, metadata=_key(
+        _float_range(0.0, 1e9), "online: Boltzmann exploration while collecting: clients "
+        "sample actions from softmax(Q / this) before epsilon-greedy; 0: greedy on Q"))
     online_mc_window: int = field(default=100, metadata=_key(
         _int_range(1, 10_000_000), "online: the mixed Monte-Carlo targets take the returns "
         "of a client's last this-many episodes"))

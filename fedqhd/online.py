@@ -436,6 +436,16 @@ class OnlineClient:
         only (a greedy evaluation acts on ``Q``); primal form only (in the dual form the
         posterior at a state would cost a pass over the buffer: those clients act on
         ``Q``). 0: off.
+    boltzmann : float
+        Boltzmann exploration while collecting: the client samples its action from
+        ``softmax(Q(s, .) / boltzmann)`` (the Gumbel-max trick: the argmax of ``Q`` plus
+        ``boltzmann`` times standard Gumbel noise, drawn from the client's generator), and
+        epsilon-greedy then replaces it with a uniform action at the schedule's rate.
+        Epsilon-greedy explores as much where one action is clearly best as where the
+        actions are nearly equal; a temperature explores where they are nearly equal and
+        rarely where a wrong action costs much (LunarLander: a random thrust near the ground
+        crashes), so the training episodes, which are the paper's metric, pay less for it.
+        Training episodes only (a greedy evaluation acts on ``Q``). 0: off (no draws).
     sweep_tol : float
         Stop :meth:`fit`'s sweeps early once a sweep changes the readout by at most
         ``sweep_tol`` of its norm (Frobenius); the readout is then the last sweep's, as
@@ -460,6 +470,7 @@ class OnlineClient:
                  fuse: float = 0.0, n_step: int = 1, tail: int = 0,
                  capacity: int = 20000, pessimism: float = 0.0, sweep_tol: float = 0.0,
                  mc_mix: float = 0.0, mc_window: int = 100, ucb: float = 0.0,
+                 boltzmann: float = 0.0,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
                  dynamics: dict[str, float] | None = None, form: str = "auto") -> None:
         spec = get_spec(env_id)
@@ -476,6 +487,9 @@ class OnlineClient:
         if not 0.0 <= self.mc_mix <= 1.0 or self.mc_window < 1:
             raise ValueError(f"mc_mix must be in [0, 1] and mc_window >= 1; got "
                              f"mc_mix={mc_mix}, mc_window={mc_window}")
+        self.boltzmann = float(boltzmann)
+        if not (math.isfinite(self.boltzmann) and self.boltzmann >= 0):
+            raise ValueError(f"boltzmann must be finite and >= 0, got {boltzmann}")
         self.ucb = float(ucb)
         if not (math.isfinite(self.ucb) and self.ucb >= 0):
             raise ValueError(f"ucb must be finite and >= 0, got {ucb}")
@@ -995,6 +1009,9 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
                     bonus = cl.exploration_bonus(feats[off:off + b]) if append else None
                     if bonus is not None:
                         q += bonus
+                    if append and cl.boltzmann > 0:  # Gumbel-max: a softmax(Q / T) draw
+                        q += np.float32(cl.boltzmann) * cl.rng.gumbel(size=q.shape).astype(
+                            np.float32)
                     off += b
                     act = q.argmax(axis=1)
                     explore = cl.rng.random(b) < eps[c][np.minimum(s["episode"],
@@ -1225,9 +1242,9 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
 #: ``proximal``, ``sweeps`` (FQI sweeps per round), ``per_episode`` (buffer quota per
 #: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor);
 #: optional: ``tail``, ``n_step``, ``action_gap``, ``pessimism``, ``fuse``, ``sweep_tol``,
-#: ``mc_mix``, ``mc_window``, ``ucb`` (:class:`OnlineClient`), ``gamma_final``/``gamma_ramp``
-#: (:func:`discount_schedule`), ``compile_ridge`` (ridge of the heterogeneous setting's
-#: teacher compilation, default 1), ``anchor_source`` and
+#: ``mc_mix``, ``mc_window``, ``ucb``, ``boltzmann`` (:class:`OnlineClient`),
+#: ``gamma_final``/``gamma_ramp`` (:func:`discount_schedule`), ``compile_ridge`` (ridge
+#: of the heterogeneous setting's teacher compilation, default 1), ``anchor_source`` and
 #: ``n_anchors`` (:func:`fedqhd.anchors.make_anchors`; default 1000 rollout anchors),
 #: ``act_local`` (readout averaging: clients collect with their own last fit),
 #: ``capacity`` (buffer slots of every client, instead of :func:`default_capacity` of its
@@ -1358,6 +1375,7 @@ def run_online(
     mc_mix: float | None = None,
     mc_window: int | None = None,
     ucb: float | None = None,
+    boltzmann: float | None = None,
     verbose: bool = False,
 ) -> OnlineResult:
     """The paper's online protocol in one process.
@@ -1412,6 +1430,7 @@ def run_online(
     mc_mix = float(table.get("mc_mix", 0.0) if mc_mix is None else mc_mix)
     mc_window = int(table.get("mc_window", 100) if mc_window is None else mc_window)
     ucb = float(table.get("ucb", 0.0) if ucb is None else ucb)
+    boltzmann = float(table.get("boltzmann", 0.0) if boltzmann is None else boltzmann)
     n_anchors = table.get("n_anchors", 1000) if n_anchors is None else n_anchors
     anchor_source = (table.get("anchor_source", "rollouts") if anchor_source is None
                      else anchor_source)
@@ -1454,6 +1473,7 @@ def run_online(
             env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, action_gap=action_gap,
             n_step=n_step, fuse=fuse, tail=tail, capacity=cap, pessimism=pessimism,
             sweep_tol=sweep_tol, mc_mix=mc_mix, mc_window=mc_window, ucb=ucb,
+            boltzmann=boltzmann,
             per_episode=per_episode, n_parallel=episodes_per_round,
             seed=shard_seed(seed, i),
             dynamics=None if dynamics is None else dynamics[i]))
@@ -1475,6 +1495,7 @@ def run_online(
                                       gamma_ramp=gamma_ramp, tail=tail,
                                       sweeps=sweeps, sweep_tol=sweep_tol,
                                       mc_mix=mc_mix, mc_window=mc_window, ucb=ucb,
+                                      boltzmann=boltzmann,
                                       per_episode=per_episode,
                                       epsilon=epsilon, n_anchors=n_anchors,
                                       anchor_source=anchor_source, act_local=act_local,

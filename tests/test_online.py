@@ -600,6 +600,40 @@ def test_ucb_posterior_follows_the_buffer_and_survives_a_snapshot():
     np.testing.assert_array_equal(twin.exploration_bonus(feats), cl.exploration_bonus(feats))
 
 
+def _boltzmann_client(temp, gap):
+    """Features that do not vary with the state, the first action ``gap`` above the second
+    everywhere: a collection's action frequencies are the softmax's."""
+    cl = _ucb_client(0.0)
+    cl.boltzmann = temp
+    cl.encoder.omega_[:] = 0.0  # phi = sqrt(2 / D) cos(0) for every state
+    cl.encoder.offset_[:] = 0.0
+    cl.readout = np.zeros((cl.dim, 2))
+    cl.readout[:, 0] = gap / np.sqrt(2.0 * cl.dim)  # Q = (gap, 0)
+    return cl
+
+
+def test_boltzmann_draws_from_the_softmax_of_q_while_collecting_only():
+    """At temperature T the second action, ``gap`` below the first, is taken with
+    probability ``1 / (1 + exp(gap / T))``; at 0 never; a greedy evaluation
+    (``append=False``) draws nothing."""
+    for temp, gap in ((1.0, 1.0), (0.5, 0.25)):
+        cl = _boltzmann_client(temp, gap)
+        collect_many([cl], [60], [0.0])
+        share = cl.action_counts()[1] / cl.size
+        expected = 1.0 / (1.0 + np.exp(gap / temp))
+        assert cl.size > 400
+        assert abs(share - expected) < 4 * np.sqrt(expected * (1 - expected) / cl.size)
+    greedy = _boltzmann_client(0.0, 1.0)
+    collect_many([greedy], [10], [0.0])
+    assert greedy.action_counts()[1] == 0
+    hot, cold = _boltzmann_client(1.0, 1.0), _boltzmann_client(0.0, 1.0)
+    for cl in (hot, cold):
+        collect_many([cl], [6], [0.0], append=False)
+    assert hot.rng.bit_generator.state == cold.rng.bit_generator.state
+    with pytest.raises(ValueError, match="boltzmann"):
+        OnlineClient("CartPole-v1", hot.encoder, boltzmann=-1.0)
+
+
 def test_ucb_settings_are_validated_and_the_dual_form_acts_on_q():
     with pytest.raises(ValueError, match="ucb"):
         _ucb_client(-1.0)

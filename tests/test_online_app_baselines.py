@@ -29,7 +29,8 @@ KEYS = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma
                                               ("avg", "shared"),  # and FedQHD itself
                                               ("avg-act-local", "shared"),
                                               ("avg-pessimism", "shared"),
-                                              ("avg-ucb", "shared")])
+                                              ("avg-ucb", "shared"),
+                                              ("avg-boltzmann", "shared")])
 def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encoder):
     """Round by round, the app's train-return-last100 is the bench's (same clients, seeds,
     settings, and the truncated mean summed in client order as the bench sums it); only
@@ -37,16 +38,19 @@ def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encod
     ``avg-act-local``: FedQHD whose clients collect with their own last fit;
     ``avg-pessimism``: FedQHD with pessimistic targets; ``avg-ucb``: FedQHD whose clients
     collect optimistically (a client rebuilt from its node state factors its posterior
-    again and acts as the bench's)."""
+    again and acts as the bench's); ``avg-boltzmann``: FedQHD whose clients sample their
+    actions from the softmax of Q (the draws come from the client's generator, which
+    travels in the node state)."""
     n = 3
     local, pessimism = strategy == "avg-act-local", 5.0 * (strategy == "avg-pessimism")
     ucb = 2.0 * (strategy == "avg-ucb")
+    boltzmann = 1.0 * (strategy == "avg-boltzmann")
     strategy = "avg" if strategy.startswith("avg") else strategy
     cfg = RunConfig.from_run_config({**KEYS, "strategy": strategy, "encoder": encoder,
                                      "min-nodes": n, "output-dir": str(tmp_path),
                                      "online-act-local": local,
                                      "online-pessimism": pessimism,
-                                     "online-ucb": ucb})
+                                     "online-ucb": ucb, "online-boltzmann": boltzmann})
     _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),
                             cfg)
     rounds = json.loads((out / "results.json").read_text())["rounds"]
@@ -74,6 +78,10 @@ def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encod
     if ucb:  # the clients did act on the bonus: the curve is not epsilon-greedy's
         plain = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,
                            **{**run_online_kwargs(cfg), "ucb": 0.0})
+        assert [r["train-return-last100"] for r in plain.rounds] != bench_curve
+    if boltzmann:  # the clients did sample: the curve is not epsilon-greedy's
+        plain = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,
+                           **{**run_online_kwargs(cfg), "boltzmann": 0.0})
         assert [r["train-return-last100"] for r in plain.rounds] != bench_curve
     if pessimism:  # the clients did fit pessimistic targets: the curve is not plain FQI's
         plain = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,

@@ -58,6 +58,8 @@ def test_online_keys_are_validated():
         RunConfig.from_run_config({"protocol": "online", "online-mc-window": 0})
     with pytest.raises(ConfigError, match="online-ucb"):
         RunConfig.from_run_config({"protocol": "online", "online-ucb": -1.0})
+    with pytest.raises(ConfigError, match="online-boltzmann"):
+        RunConfig.from_run_config({"protocol": "online", "online-boltzmann": -0.5})
     with pytest.raises(ConfigError, match="floor <= start"):
         RunConfig.from_run_config({"epsilon-start": 0.1, "epsilon-floor": 0.5})
 
@@ -88,6 +90,7 @@ def test_online_auto_settings_follow_the_per_task_table():
         assert (cfg.online_mc_mix, cfg.online_mc_window) == (table.get("mc_mix", 0.0),
                                                              table.get("mc_window", 100))
         assert cfg.online_ucb == table.get("ucb", 0.0)
+        assert cfg.online_boltzmann == table.get("boltzmann", 0.0)
         assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
         assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table
@@ -123,6 +126,7 @@ def test_run_online_defaults_are_the_table(monkeypatch):
         assert (seen["mc_mix"], seen["mc_window"]) == (table.get("mc_mix", 0.0),
                                                        table.get("mc_window", 100))
         assert seen["ucb"] == table.get("ucb", 0.0)
+        assert seen["boltzmann"] == table.get("boltzmann", 0.0)
         assert seen["capacity"] == (table.get("capacity") or online.default_capacity(dim))
 
 

@@ -94,7 +94,7 @@ def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, d
                           fuse=cfg.online_fuse, n_step=cfg.online_n_step,
                           tail=cfg.online_tail, pessimism=cfg.online_pessimism,
                           sweep_tol=cfg.online_sweep_tol, mc_mix=cfg.online_mc_mix,
-                          ucb=cfg.online_ucb,
+                          ucb=cfg.online_ucb, boltzmann=cfg.online_boltzmann,
                           mc_window=cfg.online_mc_window, capacity=capacity,
                           per_episode=cfg.online_per_episode,
                           n_parallel=cfg.episodes_per_round,
@@ -221,7 +221,7 @@ def run_online_kwargs(cfg: RunConfig) -> dict[str, Any]:
                 compile_ridge=cfg.online_compile_ridge or cfg.ridge,
                 pessimism=cfg.online_pessimism, sweep_tol=cfg.online_sweep_tol,
                 mc_mix=cfg.online_mc_mix, mc_window=cfg.online_mc_window,
-                ucb=cfg.online_ucb)
+                ucb=cfg.online_ucb, boltzmann=cfg.online_boltzmann)
 
 
 def with_train_return(plan: ServerPlan) -> ServerPlan:
