@@ -444,8 +444,10 @@ class OnlineClient:
         Epsilon-greedy explores as much where one action is clearly best as where the
         actions are nearly equal; a temperature explores where they are nearly equal and
         rarely where a wrong action costs much (LunarLander: a random thrust near the ground
-        crashes), so the training episodes, which are the paper's metric, pay less for it.
-        Training episodes only (a greedy evaluation acts on ``Q``). 0: off (no draws).
+        crashes), so the training episodes, the paper's metric, could pay less for it
+        (measured on LunarLander, they did not: no table entry sets it; BENCHMARKS.md,
+        "Twelfth round"). Training episodes only (a greedy evaluation acts on ``Q``). 0: off
+        (no draws).
     sweep_tol : float
         Stop :meth:`fit`'s sweeps early once a sweep changes the readout by at most
         ``sweep_tol`` of its norm (Frobenius); the readout is then the last sweep's, as
