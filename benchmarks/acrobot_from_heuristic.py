@@ -25,6 +25,7 @@ import argparse
 import numpy as np
 
 from fedqhd.encoders import shared_encoder_params
+from fedqhd.envs import get_spec
 from fedqhd.online import (
     OnlineClient,
     _n_step,
@@ -49,7 +50,7 @@ def rollout(policy, n: int, eps: float, rng: np.random.Generator, record: bool =
     env = make_batch_env(ENV, n, rng)
     obs = env.reset(np.arange(n))
     alive, ret, steps = np.ones(n, bool), np.zeros(n), []
-    for _ in range(500):  # Acrobot-v1's time limit
+    for _ in range(get_spec(ENV).max_episode_steps):
         if not alive.any():
             break
         a = policy(obs)
