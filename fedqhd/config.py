@@ -24,7 +24,7 @@ from fedqhd.envs import env_ids, get_spec, is_registered, load_env_modules
 from fedqhd.envs.inventory import DEMANDS as POOL_DEMANDS
 from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
 from fedqhd.learners import get_learner, learner_names
-from fedqhd.online import ONLINE_SETTINGS, default_capacity, online_settings
+from fedqhd.online import ONLINE_SETTINGS, default_capacity, epsilon_tuple, online_settings
 from fedqhd.pool.api import ZONINGS as POOL_ZONINGS
 from fedqhd.pool.learner import KERNELS
 from fedqhd.privacy.noise import NOISE_KINDS
@@ -260,6 +260,9 @@ class RunConfig:
         _float_range(0.0, 1.0, lo_open=True), "online: epsilon multiplied by this per episode"))
     epsilon_floor: float = field(default=0.01, metadata=_key(
         _float_range(0.0, 1.0), "online: lowest epsilon"))
+    epsilon_until: int = field(default=0, metadata=_key(
+        _int_range(0, 10_000_000), "online: epsilon is 0 from this episode of a client on "
+        "(exploration ends); 0: never"))
     online_settings: str = field(default="auto", metadata=_key(
         _choice(ONLINE_SETTINGS_MODES), "online: auto = per-task table (fedqhd.online."
         "ONLINE_SETTINGS) replaces hd-dim, bandwidth, gamma, ridge, proximal, "
@@ -440,6 +443,10 @@ class RunConfig:
         if self.epsilon_floor > self.epsilon_start:
             raise ConfigError(f"run-config keys 'epsilon-floor' ({self.epsilon_floor}) and "
                               f"'epsilon-start' ({self.epsilon_start}): need floor <= start")
+        if self.epsilon_until and self.learner == "dqn":
+            raise ConfigError(f"run-config key 'epsilon-until' = {self.epsilon_until} needs "
+                              "'learner' = 'fqi' (the DQN baselines keep the paper's "
+                              "schedule), or 0")
         if self.resume_from and (self.protocol == "online" or self.learner != "fqi"):
             raise ConfigError(
                 f"run-config key 'resume-from' needs 'learner' = 'fqi' and 'protocol' = "
@@ -487,9 +494,9 @@ class RunConfig:
         for name, key in fields_:
             kind = type(getattr(self, name))
             object.__setattr__(self, name, kind(table.get(key, _AUTO_MISSING.get(key))))
-        for name, value in zip(("epsilon_start", "epsilon_decay", "epsilon_floor"),
-                               table["epsilon"], strict=True):
-            object.__setattr__(self, name, float(value))
+        for name, value in zip(("epsilon_start", "epsilon_decay", "epsilon_floor",
+                                "epsilon_until"), epsilon_tuple(table["epsilon"]), strict=True):
+            object.__setattr__(self, name, type(getattr(self, name))(value))
         # the paper's protocol is counted in episodes: as many rounds as they take
         object.__setattr__(self, "num_server_rounds",
                            math.ceil(self.online_episodes / self.episodes_per_round))

@@ -72,6 +72,7 @@ __all__ = [
     "default_capacity",
     "discount_schedule",
     "epsilon_schedule",
+    "epsilon_tuple",
     "ONLINE_SETTINGS",
     "encoder_bound",
     "make_batch_env",
@@ -280,10 +281,31 @@ def make_batch_env(env_id: str, n: int, rng: np.random.Generator,
 # --------------------------------------------------------------------------- learning
 
 
-def epsilon_schedule(start: float = 1.0, decay: float = 0.97, floor: float = 0.01
-                     ) -> Callable[[np.ndarray], np.ndarray]:
-    """``episode -> max(floor, start * decay**episode)`` (episodes counted per client)."""
-    return lambda episode: np.maximum(floor, start * decay ** np.asarray(episode, dtype=float))
+def epsilon_schedule(start: float = 1.0, decay: float = 0.97, floor: float = 0.01,
+                     until: int = 0) -> Callable[[np.ndarray], np.ndarray]:
+    """``episode -> max(floor, start * decay**episode)`` (episodes counted per client),
+    and 0 from episode ``until`` on when ``until > 0``: exploration ends there (a floor
+    that keeps a task learning costs the training episodes the paper's metric counts;
+    0: never)."""
+    if until < 0:
+        raise ValueError(f"epsilon's until must be >= 0, got {until}")
+
+    def schedule(episode: np.ndarray) -> np.ndarray:
+        episode = np.asarray(episode, dtype=float)
+        eps = np.maximum(floor, start * decay ** episode)
+        return np.where(episode >= until, 0.0, eps) if until > 0 else eps
+    return schedule
+
+
+def epsilon_tuple(epsilon: Sequence[float]) -> tuple[float, float, float, int]:
+    """``(start, decay, floor[, until])`` as four numbers (``until`` 0 when left out)."""
+    values = list(epsilon)
+    if len(values) not in (3, 4):
+        raise ValueError(f"epsilon is (start, decay, floor[, until]), got {epsilon!r}")
+    until = values[3] if len(values) == 4 else 0
+    if until != int(until) or until < 0:
+        raise ValueError(f"epsilon's until must be a whole number >= 0, got {until!r}")
+    return float(values[0]), float(values[1]), float(values[2]), int(until)
 
 
 def discount_schedule(gamma: float, final: float = 0.0, ramp: int = 1
@@ -1244,7 +1266,8 @@ def _last100(clients: Sequence[OnlineClient]) -> float:
 #: ``BENCHMARKS.md`` (5 clients x 600 episodes, seeds 42/43/44). Keys: ``dim`` (D of the
 #: shared encoder), ``enc_gamma`` (RFF bandwidth), ``gamma`` (discount), ``ridge``,
 #: ``proximal``, ``sweeps`` (FQI sweeps per round), ``per_episode`` (buffer quota per
-#: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor);
+#: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor[,
+#: until]: epsilon 0 from episode ``until`` on; :func:`epsilon_schedule`);
 #: optional: ``tail``, ``n_step``, ``action_gap``, ``pessimism``, ``fuse``, ``sweep_tol``,
 #: ``mc_mix``, ``mc_window``, ``ucb``, ``boltzmann`` (:class:`OnlineClient`),
 #: ``gamma_final``/``gamma_ramp`` (:func:`discount_schedule`), ``compile_ridge`` (ridge
@@ -1366,7 +1389,7 @@ def run_online(
     sweeps: int | None = None,
     capacity: int | None = None,
     per_episode: int | None = None,
-    epsilon: tuple[float, float, float] | None = None,
+    epsilon: Sequence[float] | None = None,
     obs_scale: Sequence[float] | None = None,
     n_anchors: int | None = None,
     anchor_source: str | None = None,
@@ -1385,7 +1408,8 @@ def run_online(
     """The paper's online protocol in one process.
 
     Every round each client collects ``episodes_per_round`` episodes with its current
-    epsilon-greedy policy (``epsilon = (start, decay per episode, floor)``), appends
+    epsilon-greedy policy (``epsilon = (start, decay per episode, floor[, until])``:
+    :func:`epsilon_schedule`), appends
     them, and runs ``sweeps`` FQI sweeps. Aggregation (``aggregate="auto"``: by
     ``encoder``):
 
@@ -1451,8 +1475,7 @@ def run_online(
     per_episode = table["per_episode"] if per_episode is None else per_episode
     episodes_per_round = (table["episodes_per_round"] if episodes_per_round is None
                           else episodes_per_round)
-    start, decay, floor = table["epsilon"] if epsilon is None else epsilon
-    epsilon = (float(start), float(decay), float(floor))
+    epsilon = epsilon_tuple(table["epsilon"] if epsilon is None else epsilon)
     if encoder not in ("shared", "heterogeneous"):
         raise ValueError(f"encoder must be shared or heterogeneous, got {encoder!r}")
     if aggregate == "auto":

@@ -12,6 +12,8 @@ from fedqhd.online import (
     OnlineClient,
     _posterior_probes,
     collect_many,
+    epsilon_schedule,
+    epsilon_tuple,
     pack_statistics,
     returns_to_go,
     run_online,
@@ -648,3 +650,20 @@ def test_ucb_settings_are_validated_and_the_dual_form_acts_on_q():
     assert dual.exploration_bonus(dual.features[:5]) is None
     assert _ucb_client(0.0).exploration_bonus(np.zeros((2, 40), np.float32)) is None
 
+
+
+def test_epsilon_schedule_ends_exploration_at_until():
+    """With ``until`` the schedule is the plain one before that episode and 0 from it on;
+    without, the floor holds for ever. Bad tuples are refused."""
+    episodes = np.arange(0, 700, 7)
+    plain = epsilon_schedule(1.0, 0.99, 0.02)(episodes)
+    ended = epsilon_schedule(1.0, 0.99, 0.02, until=500)(episodes)
+    np.testing.assert_array_equal(ended[episodes < 500], plain[episodes < 500])
+    assert np.all(ended[episodes >= 500] == 0.0) and np.all(plain >= 0.02)
+    assert epsilon_tuple((1, 0.9, 0.1)) == (1.0, 0.9, 0.1, 0)
+    assert epsilon_tuple([1, 0.9, 0.1, 500]) == (1.0, 0.9, 0.1, 500)
+    for bad in [(1, 0.9), (1, 0.9, 0.1, -5), (1, 0.9, 0.1, 2.5), (1, 0.9, 0.1, 5, 6)]:
+        with pytest.raises(ValueError, match="epsilon"):
+            epsilon_tuple(bad)
+    with pytest.raises(ValueError, match="until"):
+        epsilon_schedule(1.0, 0.9, 0.1, until=-1)

@@ -30,7 +30,8 @@ KEYS = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma
                                               ("avg-act-local", "shared"),
                                               ("avg-pessimism", "shared"),
                                               ("avg-ucb", "shared"),
-                                              ("avg-boltzmann", "shared")])
+                                              ("avg-boltzmann", "shared"),
+                                              ("avg-until", "shared")])
 def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encoder):
     """Round by round, the app's train-return-last100 is the bench's (same clients, seeds,
     settings, and the truncated mean summed in client order as the bench sums it); only
@@ -40,17 +41,21 @@ def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encod
     collect optimistically (a client rebuilt from its node state factors its posterior
     again and acts as the bench's); ``avg-boltzmann``: FedQHD whose clients sample their
     actions from the softmax of Q (the draws come from the client's generator, which
-    travels in the node state)."""
+    travels in the node state); ``avg-until``: FedQHD whose exploration ends at episode 60
+    (``epsilon-until``)."""
     n = 3
     local, pessimism = strategy == "avg-act-local", 5.0 * (strategy == "avg-pessimism")
     ucb = 2.0 * (strategy == "avg-ucb")
     boltzmann = 1.0 * (strategy == "avg-boltzmann")
+    until = 60 * (strategy == "avg-until")
     strategy = "avg" if strategy.startswith("avg") else strategy
     cfg = RunConfig.from_run_config({**KEYS, "strategy": strategy, "encoder": encoder,
                                      "min-nodes": n, "output-dir": str(tmp_path),
                                      "online-act-local": local,
                                      "online-pessimism": pessimism,
-                                     "online-ucb": ucb, "online-boltzmann": boltzmann})
+                                     "online-ucb": ucb, "online-boltzmann": boltzmann,
+                                     **({"epsilon-floor": 0.3, "epsilon-until": until}
+                                        if until else {})})
     _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),
                             cfg)
     rounds = json.loads((out / "results.json").read_text())["rounds"]
@@ -83,6 +88,11 @@ def test_app_baseline_equals_the_benchs_in_process_run(tmp_path, strategy, encod
         plain = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,
                            **{**run_online_kwargs(cfg), "boltzmann": 0.0})
         assert [r["train-return-last100"] for r in plain.rounds] != bench_curve
+    if until:  # exploration did end at episode 60: the curve is not the floor's throughout
+        floor = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,
+                           **{**run_online_kwargs(cfg), "epsilon": (1.0, 0.9, 0.3)})
+        assert [r["train-return-last100"] for r in floor.rounds][:3] == bench_curve[:3]
+        assert [r["train-return-last100"] for r in floor.rounds] != bench_curve
     if pessimism:  # the clients did fit pessimistic targets: the curve is not plain FQI's
         plain = run_online(n_clients=n, episodes=6 * 20, greedy_episodes=1,
                            **{**run_online_kwargs(cfg), "pessimism": 0.0})

@@ -60,6 +60,11 @@ def test_online_keys_are_validated():
         RunConfig.from_run_config({"protocol": "online", "online-ucb": -1.0})
     with pytest.raises(ConfigError, match="online-boltzmann"):
         RunConfig.from_run_config({"protocol": "online", "online-boltzmann": -0.5})
+    with pytest.raises(ConfigError, match="epsilon-until"):
+        RunConfig.from_run_config({"protocol": "online", "epsilon-until": -1})
+    with pytest.raises(ConfigError, match="epsilon-until"):
+        RunConfig.from_run_config({"protocol": "online", "learner": "dqn",
+                                   "online-settings": "manual", "epsilon-until": 500})
     with pytest.raises(ConfigError, match="floor <= start"):
         RunConfig.from_run_config({"epsilon-start": 0.1, "epsilon-floor": 0.5})
 
@@ -91,7 +96,8 @@ def test_online_auto_settings_follow_the_per_task_table():
                                                              table.get("mc_window", 100))
         assert cfg.online_ucb == table.get("ucb", 0.0)
         assert cfg.online_boltzmann == table.get("boltzmann", 0.0)
-        assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == table["epsilon"]
+        assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor,
+                cfg.epsilon_until) == online.epsilon_tuple(table["epsilon"])
         assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table
     cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",

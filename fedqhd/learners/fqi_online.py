@@ -215,7 +215,8 @@ def run_online_kwargs(cfg: RunConfig) -> dict[str, Any]:
                 gamma_final=cfg.online_gamma_final, gamma_ramp=cfg.online_gamma_ramp,
                 tail=cfg.online_tail, sweeps=cfg.local_iterations,
                 capacity=cfg.online_capacity or None, per_episode=cfg.online_per_episode,
-                epsilon=(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor),
+                epsilon=(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor,
+                         cfg.epsilon_until),
                 obs_scale=cfg.obs_scale, n_anchors=cfg.num_anchors,
                 anchor_source=cfg.anchor_source, act_local=cfg.online_act_local,
                 compile_ridge=cfg.online_compile_ridge or cfg.ridge,
@@ -311,7 +312,8 @@ class FQIOnline(FQI):
         if cfg.online_act_local and cfg.resolved_strategy == "avg":
             client.readout = own  # collect with this client's last fit (run_online's act_local)
         done = len(client.episode_returns)
-        schedule = epsilon_schedule(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor)
+        schedule = epsilon_schedule(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor,
+                                    cfg.epsilon_until)
         k = cfg.episodes_per_round
         client.collect(k, schedule(np.arange(done, done + k)))
         client.gamma = discount_schedule(cfg.gamma, cfg.online_gamma_final,
