@@ -309,6 +309,7 @@ def test_client_without_the_ca_cannot_connect(deployment: LocalDeployment) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_supernode_killed_mid_run_then_rejoins(deployment: LocalDeployment) -> None:
     """SIGKILL SuperNode 3 (with its SuperExec and ClientApp) after round 1: the run
     goes on with the other two, the round metrics show the failure, and SuperNode 3,

@@ -66,6 +66,7 @@ def test_custom_env_under_flwr_run(tmp_path: Path, monkeypatch,
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_custom_env_under_the_deployment_launcher(tmp_path: Path, monkeypatch) -> None:
     """The same env under ``fedqhd deploy local``: SuperLink, SuperExecs and SuperNodes as
     separate processes (TLS, node auth), shards generated with the env module imported."""
