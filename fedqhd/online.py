@@ -1208,7 +1208,7 @@ def truncate_average(readouts: Sequence[np.ndarray], weights: Sequence[float] | 
 def primal_rhs(features: np.ndarray, onehot: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``Phi^T y`` per action (float32 products accumulated as float64). Computed as
     ``((onehot y)^T Phi)^T``: the same bits as ``Phi^T (onehot y)`` and ~20 % faster
-    (the long axis of ``Phi`` is read in order; BENCHMARKS.md, "Where the time goes")."""
+    (the long axis of ``Phi`` is read in order; BENCHMARKS.md, "Thirteenth round")."""
     return ((onehot * y[:, None].astype(np.float32)).T @ features).T.astype(np.float64)
 
 
