@@ -246,6 +246,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     suite.add_argument("--methods", help="comma-separated (default: "
                        "fedqhd,independent,truncate-avg,fedavg-dqn,distill-dqn,oracle)")
     suite.add_argument("--episodes", type=int, default=600, help="episodes per client")
+    suite.add_argument("--resume", action="store_true",
+                       help="--out holds a stopped suite's paper.json: keep its cells and run "
+                       "only the missing ones")
+    suite.add_argument("--overwrite", action="store_true",
+                       help="start over even where --out holds a paper.json with cells")
+    suite.add_argument("--merge", metavar="PAPER_JSON", nargs="+", type=Path,
+                       help="run nothing: join these suites' paper.json files (same protocol; "
+                       "a cell in two files must have one result) into --out's table, "
+                       "paper.json and curves")
     scale = p.add_argument_group("--suite scale (default --clients 10 --rounds 5)")
     scale.add_argument("--no-flwr", action="store_true",
                        help="skip the flwr run (Ray) measurement")
@@ -295,8 +304,22 @@ def _paper_suite(args: argparse.Namespace) -> int:
     seeds = pick(args.seeds, paper.SEEDS, int)
     clients = args.clients or 5
     out = args.out or Path("outputs/paper")
-    summary = paper.run_suite(envs, settings, methods, seeds, out, episodes=args.episodes,
-                              clients=clients)
+    try:
+        if args.merge:
+            if args.resume or args.overwrite:
+                raise ValueError("--merge runs nothing: it takes no --resume or --overwrite")
+            target = out / "paper.json"
+            if target.exists() and target.resolve() not in [p.resolve() for p in args.merge]:
+                raise FileExistsError(f"{target} exists; merge into another --out (or name "
+                                      "it among the --merge files)")
+            summary = paper.merge(args.merge)
+            paper.write_outputs(summary, out)
+        else:
+            summary = paper.run_suite(envs, settings, methods, seeds, out,
+                                      episodes=args.episodes, clients=clients,
+                                      resume=args.resume, overwrite=args.overwrite)
+    except (ValueError, FileExistsError) as exc:
+        raise SystemExit(f"error: {exc}") from None
     print(paper.markdown_table(summary))
     print(f"written {out / 'paper.json'}, {out / 'paper-table.md'} and curves-*.png")
     return 0

@@ -19,14 +19,18 @@ last 100 episodes, averaged over clients. Methods:
 * ``distill-dqn`` -- distillation FedDQN on anchor states (both settings)
   (:mod:`fedqhd.baselines.dqn`, extra ``dqn``).
 
-The suite writes ``paper.json`` (every cell, rewritten after each), one
-learning-curve PNG per task and ``paper-table.md``: mean +- std over seeds with
-the paper's number beside each cell, and wall and CPU seconds per run.
+The suite writes ``paper.json`` (every cell, rewritten after each, with the versions
+that computed it), one learning-curve PNG per task and ``paper-table.md``: mean +- std
+over seeds with the paper's number beside each cell, and wall and CPU seconds per run.
+The full table is hours of CPU, so it is built in pieces: a suite stopped part-way goes
+on with ``resume`` (only the missing cells run), and :func:`merge` joins the
+``paper.json`` of several suites (other machines, other days) into one table.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -106,31 +110,158 @@ def run_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 
             "cpu-s": float(out["cpu-s"]), "curve": curve}
 
 
+def environment() -> dict[str, Any]:
+    """What computed a cell, for ``paper.json``: package versions, Python, the machine,
+    and the git commit of a fedqhd checkout (None for an installed wheel)."""
+    import platform
+    import subprocess
+
+    from fedqhd import __version__
+
+    commit = None
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5, cwd=Path(__file__).resolve().parent, check=False)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5,
+                               cwd=Path(__file__).resolve().parent, check=False)
+        if done.returncode == 0:
+            commit = done.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"fedqhd": __version__, "git-commit": commit, "numpy": np.__version__,
+            "python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count()}
+
+
+def cell_key(cell: dict[str, Any]) -> tuple[str, str, str, int]:
+    """A cell's identity: method, task, setting, seed."""
+    return (str(cell["method"]), str(cell["env-id"]), str(cell["setting"]), int(cell["seed"]))
+
+
+def load_summary(path: Path) -> dict[str, Any]:
+    """A suite's ``paper.json``, checked to be one (protocol and cells), with a clear error."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable paper.json ({exc})") from None
+    if not (isinstance(data, dict) and isinstance(data.get("cells"), list)
+            and isinstance(data.get("protocol"), dict)):
+        raise ValueError(f"{path}: not a paper suite's paper.json (no protocol and cells)")
+    for c in data["cells"]:
+        try:
+            cell_key(c)
+            float(c["train-return-last100"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: a cell without method, env-id, setting, seed and "
+                             f"train-return-last100: {str(c)[:120]}") from None
+    return data
+
+
+def _same_protocol(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return (a.get("clients"), a.get("episodes")) == (b.get("clients"), b.get("episodes"))
+
+
+def merge(paths: Sequence[Path]) -> dict[str, Any]:
+    """One summary from several suites' ``paper.json`` (same protocol: clients and
+    episodes). A cell present in two files must carry the same result (a rerun that
+    reproduced it); different results for one cell are refused, naming both files, since
+    the table could only pick one of them silently. Each cell keeps the environment of the
+    suite that computed it."""
+    if not paths:
+        raise ValueError("merge: no paper.json given")
+    merged: dict[str, Any] = {}
+    source: dict[tuple[str, str, str, int], Path] = {}
+    for path in paths:
+        data = load_summary(path)
+        if not merged:
+            merged = {"protocol": data["protocol"], "started": data.get("started"),
+                      "merged-from": [], "cells": []}
+        elif not _same_protocol(merged["protocol"], data["protocol"]):
+            raise ValueError(f"{path}: protocol {data['protocol']} differs from "
+                             f"{paths[0]}'s {merged['protocol']}; cells of different "
+                             "protocols do not belong in one table")
+        merged["merged-from"].append(str(path))
+        env = data.get("environment")
+        for c in data["cells"]:
+            key = cell_key(c)
+            if key in source:
+                kept = next(k for k in merged["cells"] if cell_key(k) == key)
+                if kept["train-return-last100"] != c["train-return-last100"]:
+                    raise ValueError(
+                        f"cell {key} is in {source[key]} ({kept['train-return-last100']}) "
+                        f"and {path} ({c['train-return-last100']}) with different results; "
+                        "remove one of them")
+                continue
+            source[key] = path
+            merged["cells"].append({**c, "environment": c.get("environment", env)})
+    merged["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    return merged
+
+
+def write_outputs(summary: dict[str, Any], out: Path) -> None:
+    """``paper.json``, ``paper-table.md`` and the curves of ``summary`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "paper.json", summary)
+    (out / "paper-table.md").write_text(markdown_table(summary))
+    plot_curves(summary, out)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Whole or not at all: a suite killed while writing keeps its last complete file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=float))
+    os.replace(tmp, path)
+
+
 def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
               methods: Sequence[str] = METHODS, seeds: Sequence[int] = SEEDS,
               out: Path = Path("outputs/paper"), episodes: int = 600, clients: int = 5,
-              progress: bool = True, cell: Callable[..., dict[str, Any]] = run_cell
-              ) -> dict[str, Any]:
-    """Run every applicable cell, writing ``paper.json`` after each; then plots and table."""
+              progress: bool = True, cell: Callable[..., dict[str, Any]] = run_cell,
+              resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Run every applicable cell, writing ``paper.json`` after each; then plots and table.
+
+    An ``out`` that already holds a ``paper.json`` with cells is refused (hours of runs
+    are not overwritten by a repeated command) unless ``resume`` (keep its cells, run only
+    the missing ones; the protocol must match) or ``overwrite``."""
     from tqdm import tqdm
 
-    out.mkdir(parents=True, exist_ok=True)
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other")
     jobs = [(m, e, s, seed) for e in envs for s in settings for m in methods
             for seed in seeds if applicable(m, s)]
-    summary: dict[str, Any] = {
-        "protocol": {"clients": clients, "episodes": episodes, "metric": "train-return-last100"},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "cells": []}
+    protocol = {"clients": clients, "episodes": episodes, "metric": "train-return-last100"}
+    summary: dict[str, Any] = {"protocol": protocol,
+                               "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                               "environment": environment(), "cells": []}
+    found = out / "paper.json"
+    if found.exists() and not overwrite:
+        earlier = load_summary(found)
+        if earlier["cells"] and not resume:
+            raise FileExistsError(
+                f"{found} holds {len(earlier['cells'])} cells (started "
+                f"{earlier.get('started')}); resume runs only the missing cells, overwrite "
+                "starts over (--resume / --overwrite)")
+        if resume:
+            if not _same_protocol(earlier["protocol"], protocol):
+                raise ValueError(f"{found}: protocol {earlier['protocol']}, asked for "
+                                 f"{protocol}; resume needs the same clients and episodes")
+            env = earlier.get("environment")
+            summary["started"] = earlier.get("started", summary["started"])
+            summary["cells"] = [{**c, "environment": c.get("environment", env)}
+                                for c in earlier["cells"]]
+            done = {cell_key(c) for c in summary["cells"]}
+            jobs = [j for j in jobs if j not in done]
+    out.mkdir(parents=True, exist_ok=True)
     bar = tqdm(jobs, desc="paper suite", unit="run", disable=not progress)
     for method, env_id, setting, seed in bar:
         bar.set_postfix_str(f"{method} {env_id} {setting} seed {seed}")
         row = {"method": method, "env-id": env_id, "setting": setting, "seed": seed,
                **cell(method, env_id, setting, seed, episodes=episodes, clients=clients)}
         summary["cells"].append(row)
-        (out / "paper.json").write_text(json.dumps(summary, indent=1, default=float))
+        _write_json(found, summary)
     summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    (out / "paper.json").write_text(json.dumps(summary, indent=1, default=float))
-    (out / "paper-table.md").write_text(markdown_table(summary))
-    plot_curves(summary, out)
+    write_outputs(summary, out)
     return summary
 
 

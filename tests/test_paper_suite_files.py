@@ -1,0 +1,111 @@
+"""The paper suite's files: a stopped suite resumes with only its missing cells, a repeated
+command does not overwrite hours of runs, and suites from several runs merge into one table
+(refusing cells that disagree or protocols that differ)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedqhd import paper
+from fedqhd.cli import main
+
+
+class FakeCell:
+    """Stands in for :func:`fedqhd.paper.run_cell`: a result that is a function of the
+    cell, and a record of the cells it was asked for; raises on call ``fail_at``."""
+
+    def __init__(self, fail_at: int | None = None, offset: float = 0.0) -> None:
+        self.calls: list[tuple] = []
+        self.fail_at, self.offset = fail_at, offset
+
+    def __call__(self, method, env_id, setting, seed, episodes, clients):
+        self.calls.append((method, env_id, setting, seed))
+        if self.fail_at is not None and len(self.calls) == self.fail_at:
+            raise KeyboardInterrupt
+        value = 10.0 * seed + (1.0 if setting == "shared" else 2.0) + self.offset
+        return {"train-return-last100": value, "greedy-return": value, "wall-s": 1.0,
+                "cpu-s": 1.0, "curve": [(20, value - 5), (40, value)]}
+
+
+def suite(out, seeds, cell, **kw):
+    return paper.run_suite(["CartPole-v1"], ["shared", "heterogeneous"], ["fedqhd"], seeds,
+                           out, episodes=40, clients=2, progress=False, cell=cell, **kw)
+
+
+def test_a_stopped_suite_keeps_its_cells_and_resume_runs_only_the_missing_ones(tmp_path):
+    stopped = FakeCell(fail_at=3)
+    with pytest.raises(KeyboardInterrupt):
+        suite(tmp_path, [0, 1], stopped)
+    kept = json.loads((tmp_path / "paper.json").read_text())  # whole, two cells
+    assert [paper.cell_key(c) for c in kept["cells"]] == [
+        ("fedqhd", "CartPole-v1", "shared", 0), ("fedqhd", "CartPole-v1", "shared", 1)]
+    assert kept["environment"]["numpy"] == np.__version__
+
+    with pytest.raises(FileExistsError, match="holds 2 cells"):
+        suite(tmp_path, [0, 1], FakeCell())
+    assert json.loads((tmp_path / "paper.json").read_text()) == kept  # untouched
+
+    rest = FakeCell()
+    summary = suite(tmp_path, [0, 1, 2], rest, resume=True)
+    assert rest.calls == [("fedqhd", "CartPole-v1", "shared", 2)] + [
+        ("fedqhd", "CartPole-v1", "heterogeneous", s) for s in (0, 1, 2)]
+    assert len(summary["cells"]) == 6 and summary["started"] == kept["started"]
+    table = (tmp_path / "paper-table.md").read_text()
+    assert "11.0 +- 8.2 (466.3)" in table and "12.0 +- 8.2 (351.1)" in table
+    assert (tmp_path / "curves-CartPole-v1.png").stat().st_size > 0
+
+    nothing = FakeCell()
+    suite(tmp_path, [0, 1, 2], nothing, resume=True)
+    assert nothing.calls == []
+    with pytest.raises(ValueError, match="same clients and episodes"):
+        paper.run_suite(["CartPole-v1"], ["shared"], ["fedqhd"], [0], tmp_path,
+                        episodes=600, clients=2, progress=False, cell=FakeCell(), resume=True)
+    again = FakeCell()
+    suite(tmp_path, [0], again, overwrite=True)
+    assert len(again.calls) == 2
+    assert len(json.loads((tmp_path / "paper.json").read_text())["cells"]) == 2
+
+
+def test_merge_joins_suites_refuses_disagreeing_cells_and_other_protocols(tmp_path):
+    a, b, c, d = (tmp_path / n for n in "abcd")
+    suite(a, [0, 1], FakeCell())
+    suite(b, [1, 2], FakeCell())          # seed 1 again, the same results: kept once
+    suite(c, [2], FakeCell(offset=0.5))   # seed 2 with another result
+    paper.run_suite(["CartPole-v1"], ["shared"], ["fedqhd"], [3], d, episodes=600,
+                    clients=2, progress=False, cell=FakeCell())
+
+    merged = paper.merge([a / "paper.json", b / "paper.json"])
+    assert sorted(paper.cell_key(x)[2:] for x in merged["cells"]) == [
+        (s, seed) for s in ("heterogeneous", "shared") for seed in (0, 1, 2)]
+    assert all(x["environment"]["numpy"] == np.__version__ for x in merged["cells"])
+    assert "11.0 +- 8.2 (466.3)" in paper.markdown_table(merged)
+
+    with pytest.raises(ValueError, match=r"different results.*remove one"):
+        paper.merge([b / "paper.json", c / "paper.json"])
+    with pytest.raises(ValueError, match="protocol"):
+        paper.merge([a / "paper.json", d / "paper.json"])
+    (tmp_path / "other.json").write_text(json.dumps({"rounds": []}))
+    with pytest.raises(ValueError, match="not a paper suite"):
+        paper.merge([tmp_path / "other.json"])
+
+    out = tmp_path / "all"
+    assert main(["bench", "--suite", "paper", "--merge", str(a / "paper.json"),
+                 str(b / "paper.json"), "--out", str(out)]) == 0
+    assert "11.0 +- 8.2 (466.3)" in (out / "paper-table.md").read_text()
+    assert (out / "curves-CartPole-v1.png").stat().st_size > 0
+    assert len(json.loads((out / "paper.json").read_text())["merged-from"]) == 2
+    with pytest.raises(SystemExit, match="different results"):
+        main(["bench", "--suite", "paper", "--merge", str(b / "paper.json"),
+              str(c / "paper.json"), "--out", str(tmp_path / "bad")])
+    with pytest.raises(SystemExit, match="exists"):  # would replace a table not among its inputs
+        main(["bench", "--suite", "paper", "--merge", str(c / "paper.json"), "--out", str(a)])
+
+
+def test_the_command_refuses_to_overwrite_a_suite_before_running_anything(tmp_path):
+    suite(tmp_path, [0], FakeCell())
+    before = (tmp_path / "paper.json").read_text()
+    with pytest.raises(SystemExit, match="holds 2 cells.*--resume / --overwrite"):
+        main(["bench", "--suite", "paper", "--envs", "CartPole-v1", "--methods", "fedqhd",
+              "--seeds", "0", "--clients", "2", "--episodes", "40", "--out", str(tmp_path)])
+    assert (tmp_path / "paper.json").read_text() == before
