@@ -110,28 +110,41 @@ def run_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 
             "cpu-s": float(out["cpu-s"]), "curve": curve}
 
 
+def checkout_commit(package_dir: Path) -> str | None:
+    """The git commit of the fedqhd checkout ``package_dir`` (the package folder) sits at
+    the top of, with ``-dirty`` for uncommitted changes to tracked files; None for a
+    package installed anywhere else (a wheel inside some other project's repository must
+    not report that project's commit) or where git is missing."""
+    import subprocess
+
+    def git(*args: str) -> str | None:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
+                              cwd=package_dir, check=False)
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    try:
+        top = git("rev-parse", "--show-toplevel")
+        if top is None or Path(top).resolve() != Path(package_dir).resolve().parent:
+            return None
+        commit = git("rev-parse", "HEAD")
+        if commit and git("status", "--porcelain", "--untracked-files=no"):
+            commit += "-dirty"
+        return commit
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def environment() -> dict[str, Any]:
     """What computed a cell, for ``paper.json``: package versions, Python, the machine,
-    and the git commit of a fedqhd checkout (None for an installed wheel)."""
+    and the git commit of a fedqhd checkout (:func:`checkout_commit`)."""
     import platform
-    import subprocess
 
     from fedqhd import __version__
 
-    commit = None
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=5, cwd=Path(__file__).resolve().parent, check=False)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5,
-                               cwd=Path(__file__).resolve().parent, check=False)
-        if done.returncode == 0:
-            commit = done.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {"fedqhd": __version__, "git-commit": commit, "numpy": np.__version__,
-            "python": platform.python_version(), "machine": platform.machine(),
-            "cpus": os.cpu_count()}
+    return {"fedqhd": __version__,
+            "git-commit": checkout_commit(Path(__file__).resolve().parent),
+            "numpy": np.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "cpus": os.cpu_count()}
 
 
 def cell_key(cell: dict[str, Any]) -> tuple[str, str, str, int]:

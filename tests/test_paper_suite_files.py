@@ -109,3 +109,26 @@ def test_the_command_refuses_to_overwrite_a_suite_before_running_anything(tmp_pa
         main(["bench", "--suite", "paper", "--envs", "CartPole-v1", "--methods", "fedqhd",
               "--seeds", "0", "--clients", "2", "--episodes", "40", "--out", str(tmp_path)])
     assert (tmp_path / "paper.json").read_text() == before
+
+
+def test_the_commit_is_fedqhds_own_and_not_a_repository_a_wheel_sits_in(tmp_path):
+    import subprocess
+
+    def git(cwd, *args):
+        return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    repo = tmp_path / "checkout"
+    (repo / "fedqhd").mkdir(parents=True)
+    (repo / ".venv" / "site-packages" / "fedqhd").mkdir(parents=True)
+    (repo / "fedqhd" / "x.py").write_text("a = 1\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "fedqhd")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    head = git(repo, "rev-parse", "HEAD")
+    assert paper.checkout_commit(repo / "fedqhd") == head
+    (repo / "fedqhd" / "x.py").write_text("a = 2\n")
+    assert paper.checkout_commit(repo / "fedqhd") == head + "-dirty"
+    assert paper.checkout_commit(repo / ".venv" / "site-packages" / "fedqhd") is None
+    (tmp_path / "loose" / "fedqhd").mkdir(parents=True)
+    assert paper.checkout_commit(tmp_path / "loose" / "fedqhd") is None
