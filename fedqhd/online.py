@@ -643,6 +643,11 @@ class OnlineClient:
                 rows = self.features[uniq] @ self.features[:self.size].T  # float32
                 self.kernel[uniq, :self.size] = rows
                 self.kernel[:self.size, uniq] = rows.T
+                # the new rows' block among themselves: gemm need not give f_i.f_j and
+                # f_j.f_i the same bits (it did not on CI's BLAS), so mirror one triangle
+                block = rows[:, uniq]
+                upper = np.triu(np.ones(block.shape, dtype=bool))
+                self.kernel[np.ix_(uniq, uniq)] = np.where(upper, block, block.T)
 
     # ----------------------------------------------------------------- snapshot
 
