@@ -345,6 +345,11 @@ def _relative_std(features: np.ndarray, posterior: Sequence[tuple[float, np.ndar
     return out
 
 
+def _row_products(rows: np.ndarray, features: np.ndarray) -> np.ndarray:
+    """``rows @ features.T`` in float32: the dual kernel's new rows."""
+    return rows @ features.T
+
+
 def _encode32(encoder: HDEncoder, states: np.ndarray) -> np.ndarray:
     """Float32 features (the encoder's float64 path spends most of its time in ``cos``)."""
     cache = encoder.__dict__.get("_online_f32")
@@ -640,7 +645,7 @@ class OnlineClient:
             if self.form == "primal":
                 self._gram_add(new_f, actions[src], 1.0)
             else:
-                rows = self.features[uniq] @ self.features[:self.size].T  # float32
+                rows = _row_products(self.features[uniq], self.features[:self.size])
                 self.kernel[uniq, :self.size] = rows
                 self.kernel[:self.size, uniq] = rows.T
                 # the new rows' block among themselves: gemm need not give f_i.f_j and

@@ -87,6 +87,26 @@ def test_incremental_statistics_equal_batch(form):
         np.testing.assert_allclose(cl.kernel[:cl.size, :cl.size], f @ f.T, rtol=0, atol=1e-5)
 
 
+def test_the_dual_kernel_is_exactly_symmetric_when_gemm_is_not(monkeypatch):
+    """f_i.f_j and f_j.f_i need not have the same bits from a BLAS (CI's did not): the
+    kernel mirrors the new rows' block, so it stays exactly symmetric and packs."""
+    import fedqhd.online as online
+
+    noise = np.random.default_rng(5)
+
+    def skewed(rows, features):  # a gemm whose (i, j) and (j, i) differ in the last bits
+        out = rows @ features.T
+        return out * (1 + np.float32(1e-6) * noise.standard_normal(out.shape, np.float32))
+
+    monkeypatch.setattr(online, "_row_products", skewed)
+    cl = _client("dual", capacity=150)
+    for _ in range(6):  # appends, then reservoir replacements
+        collect_many([cl], [4], [1.0])
+    k = cl.kernel[:cl.size, :cl.size]
+    np.testing.assert_array_equal(k, k.T)
+    assert "statistics-upper" in cl.snapshot()[0]
+
+
 def test_packed_statistics_round_trip_bitwise():
     """The state's statistics travel as upper triangles (float32 when exact); unpacked they
     are the same bits, and anything not exactly symmetric or float32 travels whole."""
