@@ -12,6 +12,11 @@ learning curve and the value bias). Settings per task come from
 
 Any ``run_online`` keyword can be overridden with ``--set key=value`` (JSON value).
 Prints one line per run as it ends, then a markdown table (mean +- std over seeds).
+
+``--rhs-blocks K`` (K > 1) computes each sweep's right-hand side ``Phi_a^T y_a`` as the
+float64 sum of K row blocks' float32 products instead of one product: the same sums in
+another order, so the runs differ from the library's by rounding alone (how much of a
+cell is decided by the last bits; BENCHMARKS.md, "Fourteenth round").
 """
 
 from __future__ import annotations
@@ -21,7 +26,20 @@ import json
 
 import numpy as np
 
+import fedqhd.online
 from fedqhd.online import ONLINE_SETTINGS, run_online
+
+
+def perturb_rhs_rounding(blocks: int) -> None:
+    """Make every sweep's right-hand side the sum of ``blocks`` row blocks' products."""
+    whole = fedqhd.online.primal_rhs
+
+    def blocked(features: np.ndarray, onehot: np.ndarray, y: np.ndarray) -> np.ndarray:
+        cuts = np.linspace(0, len(features), blocks + 1).astype(int)
+        return sum(whole(features[a:b], onehot[a:b], y[a:b])
+                   for a, b in zip(cuts[:-1], cuts[1:], strict=True))
+
+    fedqhd.online.primal_rhs = blocked
 
 PAPER = {  # FedQHD paper, 3-seed means (shared / heterogeneous encoders)
     "CartPole-v1": (466.3, 351.1), "Acrobot-v1": (-105.0, -102.5),
@@ -39,7 +57,11 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=600)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON")
     parser.add_argument("--json", default="", help="write every run's numbers here")
+    parser.add_argument("--rhs-blocks", type=int, default=1,
+                        help="> 1: the right-hand sides' sums in another order (rounding)")
     args = parser.parse_args()
+    if args.rhs_blocks > 1:
+        perturb_rhs_rounding(args.rhs_blocks)
     overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
     aggregate = None if args.aggregate == "none" else "auto"
     table, dump = [], []
