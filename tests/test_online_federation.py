@@ -40,6 +40,30 @@ def test_online_clients_collect_every_round_and_learn(tmp_path, encoder):
     assert all(r[C.REPLIES_OK] == 2 and np.isfinite(r[C.RETURN_MEAN]) for r in rounds)
 
 
+@pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
+def test_an_env_that_raises_while_collecting_fails_that_clients_round_not_the_run(
+        tmp_path, encoder, monkeypatch):
+    """The issue's bad input: an env step that raises in round 2 (one node's collection)
+    is one failed reply, counted; the other client's reply is aggregated, the next rounds
+    have both clients again and the run completes."""
+    step, calls = online.CartPoleBatch.step, {"n": 0, "fail_at": 0}
+
+    def flaky(self, actions):
+        calls["n"] += 1
+        if calls["n"] == calls["fail_at"]:
+            raise RuntimeError("the simulator crashed")
+        return step(self, actions)
+
+    monkeypatch.setattr(online.CartPoleBatch, "step", flaky)
+    _run(tmp_path / "count", encoder=encoder, **{"num-server-rounds": 1})
+    calls["fail_at"], calls["n"] = calls["n"] + 1, 0  # the first step after round 1
+    rounds = _run(tmp_path / "run", encoder=encoder, **{"num-server-rounds": 3})["rounds"]
+    assert calls["n"] > calls["fail_at"]
+    assert [r[C.REPLIES_OK] for r in rounds] == [2, 1, 2]
+    assert [r[C.REPLIES_FAILED] for r in rounds] == [0, 1, 0]
+    assert all(np.isfinite(r[TRAIN_RETURN_LAST100]) for r in rounds)
+
+
 def test_online_keys_are_validated():
     with pytest.raises(ConfigError, match="episodes-per-round"):
         RunConfig.from_run_config({"protocol": "online", "episodes-per-round": 0})
