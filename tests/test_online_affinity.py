@@ -15,7 +15,7 @@ from fedqhd.client.app import app as client_app
 from fedqhd.config import RunConfig
 from fedqhd.learners import fqi_online
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, run_online_kwargs
-from fedqhd.online import run_online
+from fedqhd.online import CartPoleBatch, run_online
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 
@@ -90,6 +90,65 @@ def test_a_stale_process_copy_is_never_used(tmp_path):
     np.testing.assert_array_equal(rebuilt.readout, current.readout)
     np.testing.assert_array_equal(rebuilt.gram, current.gram)
     assert rebuilt.rng.bit_generator.state == current.rng.bit_generator.state
+
+
+def test_a_copy_a_failed_round_left_is_never_used(tmp_path, monkeypatch):
+    """A train message whose collection raises midway leaves this process's copy ahead of
+    context.state (its env and generator moved on); the next message rebuilds the node
+    from context.state, so this process and any other continue with the same client."""
+    cfg = RunConfig.from_run_config({**KEYS, "min-nodes": 1, "output-dir": str(tmp_path)})
+    context = next(iter(InProcessGrid([client_app], run_config=cfg.to_run_config())
+                        .contexts.values()))
+    arrays = {"readout": np.zeros((300, 2))}
+    fqi_online._CLIENTS.clear()
+    fqi_online.LEARNER.train(context, cfg, arrays)  # round 1, saved
+    version = fqi_online.state_version(context)
+    step, calls = CartPoleBatch.step, {"n": 0}
+
+    def flaky(self, actions):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("the simulator crashed")
+        return step(self, actions)
+
+    monkeypatch.setattr(CartPoleBatch, "step", flaky)
+    with pytest.raises(RuntimeError, match="crashed"):
+        fqi_online.LEARNER.train(context, cfg, arrays)
+    monkeypatch.setattr(CartPoleBatch, "step", step)
+    assert fqi_online.state_version(context) == version  # nothing saved
+    here, _ = fqi_online.node_client(context, cfg)
+    fqi_online._CLIENTS.clear()
+    elsewhere, _ = fqi_online.node_client(context, cfg)  # another process
+    assert len(here.episode_returns) == len(elsewhere.episode_returns) == 10
+    assert here.rng.bit_generator.state == elsewhere.rng.bit_generator.state
+    np.testing.assert_array_equal(here.env.state, elsewhere.env.state)
+    np.testing.assert_array_equal(here.gram, elsewhere.gram)
+
+
+def test_a_dqn_copy_a_failed_round_left_is_never_used(tmp_path, monkeypatch):
+    """The same for the deep baselines: a failed train message drops the process copy."""
+    pytest.importorskip("jax")
+    pytest.importorskip("optax")
+    from fedqhd.baselines import dqn as deep
+    from fedqhd.learners import dqn
+
+    cfg = RunConfig.from_run_config({**DQN_KEYS, "strategy": "avg", "min-nodes": 1,
+                                     "output-dir": str(tmp_path)})
+    context = next(iter(InProcessGrid([client_app], run_config=cfg.to_run_config())
+                        .contexts.values()))
+    dqn.STATES.cache.clear()
+    dqn.LEARNER.train(context, cfg, {})
+    first = dqn.node_client(context, cfg)
+    real = deep.DQNClients.collect_and_train
+
+    def crash(self, n_episodes):
+        raise RuntimeError("the simulator crashed")
+
+    monkeypatch.setattr(deep.DQNClients, "collect_and_train", crash)
+    with pytest.raises(RuntimeError, match="crashed"):
+        dqn.LEARNER.train(context, cfg, {})
+    monkeypatch.setattr(deep.DQNClients, "collect_and_train", real)
+    assert dqn.node_client(context, cfg) is not first  # rebuilt from context.state
 
 
 def test_evaluation_rebuilds_without_the_buffer_and_never_lends_it_to_training(tmp_path):

@@ -291,10 +291,14 @@ class DeepBaselines:
         on the anchors (distillation)."""
         node = node_client(context, cfg)
         metrics: Metrics = {}
-        _adopt(node, cfg, arrays, metrics)
-        client = node.client
-        node.returns.extend(client.collect_and_train(cfg.episodes_per_round)[0].tolist())
-        save_node(context, cfg, node)
+        try:
+            _adopt(node, cfg, arrays, metrics)
+            client = node.client
+            node.returns.extend(client.collect_and_train(cfg.episodes_per_round)[0].tolist())
+            save_node(context, cfg, node)
+        except BaseException:
+            STATES.forget(context, cfg)  # the copy moved past context.state
+            raise
         metrics.update({C.NUM_TRANSITIONS: int(client.transitions[0]),
                         TRAIN_RETURN_LAST100: float(np.mean(node.returns[-100:]))})
         if is_distillation(cfg):

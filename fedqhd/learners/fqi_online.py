@@ -75,6 +75,7 @@ _TEACHER_KEYS = ("teacher-digest", "projection-residual")  # cache entries that 
 #: while its version token equals the one in the node's context.state
 _CLIENTS: dict[tuple[Any, ...], tuple[OnlineClient, dict[str, Any], str, bool]] = {}
 _ANCHOR_KEYS = ("anchor-digest", "anchor-features")  # process cache a rebuilt client keeps
+_FAILED = "failed"  # the version of a copy a failed message left: matches no node state
 
 
 def _client_key(context: Context, cfg: RunConfig) -> tuple[Any, ...]:
@@ -159,6 +160,17 @@ def save_node(context: Context, cfg: RunConfig, client: OnlineClient,
     context.state[STATE_ARRAYS] = C.to_array_record(arrays)
     context.state[STATE_META] = ConfigRecord(scalars)
     _CLIENTS[_client_key(context, cfg)] = (client, cache, version, True)
+
+
+def forget_node(context: Context, cfg: RunConfig) -> None:
+    """Mark this process's copy of the node as no version at all, after a message that
+    failed midway: its env, generator and buffer may have moved past ``context.state``,
+    so the next message rebuilds the node from ``context.state``, as any other process
+    would (keeping only the anchor features and factor, which depend on the encoder)."""
+    key = _client_key(context, cfg)
+    if key in _CLIENTS:
+        client, cache = _CLIENTS[key][:2]
+        _CLIENTS[key] = (client, cache, _FAILED, False)
 
 
 def _anchor_features(client: OnlineClient, cache: dict[str, Any],
@@ -305,6 +317,14 @@ class FQIOnline(FQI):
     def train(self, context: Context, cfg: RunConfig, arrays: Arrays
               ) -> tuple[Arrays | None, Metrics]:
         client, cache = node_client(context, cfg)
+        try:
+            return self._train(context, cfg, arrays, client, cache)
+        except BaseException:
+            forget_node(context, cfg)
+            raise
+
+    def _train(self, context: Context, cfg: RunConfig, arrays: Arrays, client: OnlineClient,
+               cache: dict[str, Any]) -> tuple[Arrays | None, Metrics]:
         metrics: Metrics = {}
         own = client.readout
         _adopt(client, cache, arrays, cfg, metrics)

@@ -68,6 +68,14 @@ class NodeStates(Generic[T]):
         self.cache[key] = (client, version)
         return client
 
+    def forget(self, context: Context, cfg: Any) -> None:
+        """Drop this process's copy of the node, after a message that failed midway: the
+        copy may have moved past ``context.state``, so the next message rebuilds the node
+        from ``context.state``, as any other process would."""
+        cached = self.cache.pop(self.key(context, cfg), None)
+        if cached is not None and self.close is not None:
+            self.close(cached[0])
+
     def save(self, context: Context, cfg: Any, client: T, arrays: dict[str, np.ndarray],
              scalars: dict[str, Any]) -> None:
         """Write ``arrays`` and ``scalars`` into ``context.state`` under a new version
