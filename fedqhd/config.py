@@ -497,9 +497,19 @@ class RunConfig:
         for name, value in zip(("epsilon_start", "epsilon_decay", "epsilon_floor",
                                 "epsilon_until"), epsilon_tuple(table["epsilon"]), strict=True):
             object.__setattr__(self, name, type(getattr(self, name))(value))
-        # the paper's protocol is counted in episodes: as many rounds as they take
-        object.__setattr__(self, "num_server_rounds",
-                           math.ceil(self.online_episodes / self.episodes_per_round))
+        # the paper's protocol is counted in episodes: as many rounds as they take; a
+        # num-server-rounds other than its default that disagrees is a mistake, not a wish
+        rounds = math.ceil(self.online_episodes / self.episodes_per_round)
+        given = self.num_server_rounds
+        if given not in (rounds, _field_default("num_server_rounds")):
+            raise ConfigError(
+                f"run-config key 'num-server-rounds' = {given} disagrees with "
+                f"'online-settings' = 'auto', which runs ceil(online-episodes / "
+                f"episodes-per-round) = ceil({self.online_episodes} / "
+                f"{self.episodes_per_round}) = {rounds} rounds (episodes-per-round of the "
+                f"auto settings): set 'online-episodes' = {given * self.episodes_per_round}"
+                f" for {given} rounds, or 'online-settings' = 'manual'")
+        object.__setattr__(self, "num_server_rounds", rounds)
 
     @property
     def learner_key(self) -> str:
@@ -545,6 +555,11 @@ class RunConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_run_config(), indent=2, sort_keys=True)
+
+
+def _field_default(name: str) -> Any:
+    """The default of the :class:`RunConfig` field ``name``."""
+    return next(f.default for f in fields(RunConfig) if f.name == name)
 
 
 def _kebab(name: str) -> str:

@@ -342,6 +342,24 @@ def test_online_auto_runs_the_papers_600_episodes_per_client():
     assert RunConfig().num_server_rounds == 20  # offline runs keep their own rounds
 
 
+def test_rounds_that_disagree_with_the_auto_episodes_are_refused():
+    """Under online-settings = auto the rounds come from online-episodes; a
+    num-server-rounds that says otherwise is refused, not silently replaced."""
+    with pytest.raises(ConfigError, match=r"'num-server-rounds' = 5 disagrees.*"
+                                          r"'online-episodes' = 100 for 5 rounds"):
+        RunConfig.from_run_config({"protocol": "online", "num-server-rounds": 5})
+    with pytest.raises(ConfigError, match="'num-server-rounds' = 7 disagrees"):
+        RunConfig.from_run_config({"protocol": "online", "learner": "dqn",
+                                   "num-server-rounds": 7})
+    agreeing = RunConfig.from_run_config({"protocol": "online", "num-server-rounds": 30})
+    assert agreeing.num_server_rounds == 30
+    parsed_again = RunConfig.from_run_config(agreeing.to_run_config())  # what nodes parse
+    assert parsed_again == agreeing
+    manual = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
+                                        "num-server-rounds": 5})
+    assert manual.num_server_rounds == 5
+
+
 @pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
 def test_round_train_return_is_the_papers_plain_mean_over_clients(encoder):
     # the strategy weights clients by transitions (long episodes count more); the paper's
