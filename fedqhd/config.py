@@ -395,9 +395,8 @@ class RunConfig:
                 self._set_auto({**DQN_SETTINGS, **DISTILL_SETTINGS}, _DQN_AUTO_FIELDS)
             elif self.env_id in ONLINE_SETTINGS:
                 table = online_settings(self.env_id, self.encoder)
-                self._set_auto(table, _AUTO_FIELDS)
-                object.__setattr__(self, "online_obs_scale",
-                                   ",".join(repr(float(v)) for v in table.get("obs_scale", ())))
+                self._set_auto(table, _AUTO_FIELDS, obs_scale=",".join(
+                    repr(float(v)) for v in table.get("obs_scale", ())))
         if self.epsilon_min > self.epsilon_max:
             raise ConfigError(f"run-config keys 'epsilon-min' ({self.epsilon_min}) and "
                               f"'epsilon-max' ({self.epsilon_max}): need min <= max")
@@ -487,16 +486,28 @@ class RunConfig:
                               f"buffer's capacity (primal Grams), got hd-dim {self.hd_dim} "
                               f"and capacity {capacity} (online-capacity)")
 
-    def _set_auto(self, table: Mapping[str, Any], fields_: tuple[tuple[str, str], ...]
-                  ) -> None:
+    def _set_auto(self, table: Mapping[str, Any], fields_: tuple[tuple[str, str], ...],
+                  obs_scale: str | None = None) -> None:
         """Take an online settings table: ``fields_`` (field, table key), the epsilon
-        schedule, and as many rounds as ``online-episodes`` take."""
-        for name, key in fields_:
-            kind = type(getattr(self, name))
-            object.__setattr__(self, name, kind(table.get(key, _AUTO_MISSING.get(key))))
-        for name, value in zip(("epsilon_start", "epsilon_decay", "epsilon_floor",
-                                "epsilon_until"), epsilon_tuple(table["epsilon"]), strict=True):
-            object.__setattr__(self, name, type(getattr(self, name))(value))
+        schedule, ``obs_scale`` (FQI), and as many rounds as ``online-episodes`` take. A
+        key given with a value other than its default and the table's is refused: the
+        table would replace it without a word."""
+        values = {name: table.get(key, _AUTO_MISSING.get(key)) for name, key in fields_}
+        values.update(zip(("epsilon_start", "epsilon_decay", "epsilon_floor", "epsilon_until"),
+                          epsilon_tuple(table["epsilon"]), strict=True))
+        if obs_scale is not None:
+            values["online_obs_scale"] = obs_scale
+        values = {name: type(getattr(self, name))(v) for name, v in values.items()}
+        replaced = [f"'{_kebab(name)}' = {getattr(self, name)!r} (auto: {v!r})"
+                    for name, v in values.items()
+                    if getattr(self, name) not in (v, _field_default(name))]
+        if replaced:
+            raise ConfigError(
+                f"run-config key(s) {', '.join(replaced)} would be replaced by the task's "
+                f"settings under 'online-settings' = 'auto': leave them out, or set "
+                f"'online-settings' = 'manual' to take every key as given")
+        for name, v in values.items():
+            object.__setattr__(self, name, v)
         # the paper's protocol is counted in episodes: as many rounds as they take; a
         # num-server-rounds other than its default that disagrees is a mistake, not a wish
         rounds = math.ceil(self.online_episodes / self.episodes_per_round)

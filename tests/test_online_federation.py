@@ -22,8 +22,9 @@ SMALL = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamm
          "num-anchors": 200, "min-nodes": 2}
 
 
-def _run(tmp_path, n_clients: int = 2, **keys) -> dict:
-    cfg = RunConfig.from_run_config({**SMALL, "output-dir": str(tmp_path), **keys})
+def _run(tmp_path, n_clients: int = 2, base: dict | None = None, **keys) -> dict:
+    cfg = RunConfig.from_run_config({**(SMALL if base is None else base),
+                                     "output-dir": str(tmp_path), **keys})
     _, out_dir = run_federation(InProcessGrid([client_app] * n_clients,
                                               run_config=cfg.to_run_config()), cfg)
     return json.loads((out_dir / "results.json").read_text())
@@ -325,8 +326,9 @@ def test_lunarlander_default_encoder_tells_a_soft_touchdown_from_a_crash(monkeyp
 def test_online_app_runs_with_the_per_task_settings(tmp_path, encoder):
     # online-settings = "auto": the table's CartPole settings (tail, epsilon, K) in the app
     k = online.online_settings("CartPole-v1", encoder)["episodes_per_round"]
-    rounds = _run(tmp_path, encoder=encoder, **{"online-settings": "auto",
-                                                "online-episodes": 2 * k})["rounds"]
+    auto = {"protocol": "online", "eval-episodes": 3, "min-nodes": 2}  # the table's keys
+    rounds = _run(tmp_path, base=auto, encoder=encoder,
+                  **{"online-settings": "auto", "online-episodes": 2 * k})["rounds"]
     assert len(rounds) == 2 and all(r[C.REPLIES_OK] == 2 for r in rounds)
     assert all(np.isfinite(r[TRAIN_RETURN_LAST100]) for r in rounds)
     assert rounds[-1][C.NUM_TRANSITIONS] >= 2 * 2 * k * 8  # 2 clients x 2 rounds x k episodes
@@ -358,6 +360,26 @@ def test_rounds_that_disagree_with_the_auto_episodes_are_refused():
     manual = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
                                         "num-server-rounds": 5})
     assert manual.num_server_rounds == 5
+
+
+def test_keys_the_auto_settings_would_replace_are_refused():
+    """online-settings = auto takes the learner keys from the task's table; a key given
+    with another value would be dropped without a word, so it is refused, naming the
+    key, its value and the table's; the default or the table's own value passes."""
+    with pytest.raises(ConfigError, match=r"'gamma' = 0.95 \(auto: 0.9\).*'manual'"):
+        RunConfig.from_run_config({"protocol": "online", "gamma": 0.95})
+    with pytest.raises(ConfigError, match=r"'epsilon-floor' = 0.1 \(auto: 0.0\)"):
+        RunConfig.from_run_config({"protocol": "online", "epsilon-floor": 0.1})
+    with pytest.raises(ConfigError, match="'online-obs-scale'"):
+        RunConfig.from_run_config({"protocol": "online", "env-id": "LunarLander-v3",
+                                   "online-obs-scale": "1,1,1,1,1,1,1,1"})
+    with pytest.raises(ConfigError, match=r"'gamma' = 0.9 \(auto: 0.99\)"):
+        RunConfig.from_run_config({"protocol": "online", "learner": "dqn", "gamma": 0.9})
+    same = RunConfig.from_run_config({"protocol": "online", "gamma": 0.9, "hd-dim": 500})
+    assert (same.gamma, same.hd_dim) == (0.9, 500)
+    manual = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
+                                        "gamma": 0.95})
+    assert manual.gamma == 0.95
 
 
 @pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
