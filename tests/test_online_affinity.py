@@ -25,6 +25,13 @@ KEYS = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma
         "num-anchors": 100, "weight-cap-factor": 0.0}
 
 
+def _one_node(tmp_path, keys: dict):
+    """The run config of ``keys`` with one node, and that node's Context."""
+    cfg = RunConfig.from_run_config({**keys, "min-nodes": 1, "output-dir": str(tmp_path)})
+    grid = InProcessGrid([client_app], run_config=cfg.to_run_config())
+    return cfg, next(iter(grid.contexts.values()))
+
+
 class TwoActors:
     """The ClientApp served by two processes: before each message a seeded coin picks
     the "actor", whose process cache (``owner.attribute``, by default
@@ -72,9 +79,7 @@ def test_online_run_is_the_same_whichever_actor_serves_a_node(tmp_path, monkeypa
 def test_a_stale_process_copy_is_never_used(tmp_path):
     """A process whose copy of a node is older than the node's context.state rebuilds
     the node from context.state; its copy is reused only at the same version."""
-    cfg = RunConfig.from_run_config({**KEYS, "min-nodes": 1, "output-dir": str(tmp_path)})
-    grid = InProcessGrid([client_app], run_config=cfg.to_run_config())
-    context = next(iter(grid.contexts.values()))
+    cfg, context = _one_node(tmp_path, KEYS)
     arrays = {"readout": np.zeros((300, 2))}
     fqi_online._CLIENTS.clear()
     fqi_online.LEARNER.train(context, cfg, arrays)
@@ -96,9 +101,7 @@ def test_a_copy_a_failed_round_left_is_never_used(tmp_path, monkeypatch):
     """A train message whose collection raises midway leaves this process's copy ahead of
     context.state (its env and generator moved on); the next message rebuilds the node
     from context.state, so this process and any other continue with the same client."""
-    cfg = RunConfig.from_run_config({**KEYS, "min-nodes": 1, "output-dir": str(tmp_path)})
-    context = next(iter(InProcessGrid([client_app], run_config=cfg.to_run_config())
-                        .contexts.values()))
+    cfg, context = _one_node(tmp_path, KEYS)
     arrays = {"readout": np.zeros((300, 2))}
     fqi_online._CLIENTS.clear()
     fqi_online.LEARNER.train(context, cfg, arrays)  # round 1, saved
@@ -132,10 +135,7 @@ def test_a_dqn_copy_a_failed_round_left_is_never_used(tmp_path, monkeypatch):
     from fedqhd.baselines import dqn as deep
     from fedqhd.learners import dqn
 
-    cfg = RunConfig.from_run_config({**DQN_KEYS, "strategy": "avg", "min-nodes": 1,
-                                     "output-dir": str(tmp_path)})
-    context = next(iter(InProcessGrid([client_app], run_config=cfg.to_run_config())
-                        .contexts.values()))
+    cfg, context = _one_node(tmp_path, {**DQN_KEYS, "strategy": "avg"})
     dqn.STATES.cache.clear()
     dqn.LEARNER.train(context, cfg, {})
     first = dqn.node_client(context, cfg)
@@ -155,10 +155,8 @@ def test_evaluation_rebuilds_without_the_buffer_and_never_lends_it_to_training(t
     """A stale process evaluates a node from its readout alone (no rows re-encoded, no
     statistics copied), with the same metrics as the process holding the full copy, and
     reuses its earlier anchor factor; a train message there still rebuilds the buffer."""
-    cfg = RunConfig.from_run_config({**KEYS, "strategy": "anchor", "encoder": "heterogeneous",
-                                     "min-nodes": 1, "output-dir": str(tmp_path)})
-    context = next(iter(InProcessGrid([client_app], run_config=cfg.to_run_config())
-                        .contexts.values()))
+    cfg, context = _one_node(tmp_path, {**KEYS, "strategy": "anchor",
+                                        "encoder": "heterogeneous"})
     rng = np.random.default_rng(0)
     anchors = rng.uniform(-0.1, 0.1, size=(100, 4))
     teachers = [{"anchors": anchors, "teacher": rng.normal(size=(100, 2))} for _ in range(2)]
@@ -236,10 +234,7 @@ def test_a_stale_dqn_copy_is_never_used(tmp_path):
 
     from fedqhd.learners import dqn
 
-    cfg = RunConfig.from_run_config({**DQN_KEYS, "strategy": "anchor", "min-nodes": 1,
-                                     "output-dir": str(tmp_path)})
-    context = next(iter(InProcessGrid([client_app], run_config=cfg.to_run_config())
-                        .contexts.values()))
+    cfg, context = _one_node(tmp_path, {**DQN_KEYS, "strategy": "anchor"})
     dqn.STATES.cache.clear()
     anchors = np.random.default_rng(0).uniform(-0.1, 0.1, size=(30, 4))
     dqn.LEARNER.train(context, cfg, {"anchors": anchors})
