@@ -75,7 +75,6 @@ _TEACHER_KEYS = ("teacher-digest", "projection-residual")  # cache entries that 
 #: while its version token equals the one in the node's context.state
 _CLIENTS: dict[tuple[Any, ...], tuple[OnlineClient, dict[str, Any], str, bool]] = {}
 _ANCHOR_KEYS = ("anchor-digest", "anchor-features")  # process cache a rebuilt client keeps
-_FAILED = "failed"  # the version of a copy a failed message left: matches no node state
 
 
 def _client_key(context: Context, cfg: RunConfig) -> tuple[Any, ...]:
@@ -163,14 +162,10 @@ def save_node(context: Context, cfg: RunConfig, client: OnlineClient,
 
 
 def forget_node(context: Context, cfg: RunConfig) -> None:
-    """Mark this process's copy of the node as no version at all, after a message that
-    failed midway: its env, generator and buffer may have moved past ``context.state``,
-    so the next message rebuilds the node from ``context.state``, as any other process
-    would (keeping only the anchor features and factor, which depend on the encoder)."""
-    key = _client_key(context, cfg)
-    if key in _CLIENTS:
-        client, cache = _CLIENTS[key][:2]
-        _CLIENTS[key] = (client, cache, _FAILED, False)
+    """Drop this process's copy of the node, after a message that failed midway: its
+    env, generator and buffer may have moved past ``context.state``, so the next message
+    rebuilds the node from ``context.state``, as any other process would."""
+    _CLIENTS.pop(_client_key(context, cfg), None)
 
 
 def _anchor_features(client: OnlineClient, cache: dict[str, Any],
