@@ -223,7 +223,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="module(s) to import first, comma-separated: importing registers your "
                    "environments (passed on as run-config key env-module)")
     p.add_argument("--clients", type=int, help="clients (default 10; --suite paper: 5)")
-    p.add_argument("--seeds", help="comma-separated (default 0,1,2; --suite paper: 42,43,44)")
+    p.add_argument("--seeds", help="comma-separated (default 0,1,2; --suite paper: 42,43,44; "
+                   "--suite paper also takes ranges: 42-61)")
     p.add_argument("--rounds", type=int, help="rounds (default 30; --suite scale: 5)")
     p.add_argument("--out", type=Path,
                    help="output folder (default outputs/bench; --suite paper: outputs/paper)")
@@ -249,6 +250,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     suite.add_argument("--resume", action="store_true",
                        help="--out holds a stopped suite's paper.json: keep its cells and run "
                        "only the missing ones")
+    suite.add_argument("--jobs", type=int, default=1,
+                       help="cells run at once, each in its own process with one BLAS thread "
+                       "(the numbers of OMP_NUM_THREADS=1 runs; default 1)")
     suite.add_argument("--overwrite", action="store_true",
                        help="start over even where --out holds a paper.json with cells")
     suite.add_argument("--merge", metavar="PAPER_JSON", nargs="+", type=Path,
@@ -301,7 +305,12 @@ def _paper_suite(args: argparse.Namespace) -> int:
         bad = [v for v in values if v not in valid]
         if bad:
             raise SystemExit(f"{name}: unknown {bad}; valid: {', '.join(valid)}")
-    seeds = pick(args.seeds, paper.SEEDS, int)
+    try:
+        seeds = paper.parse_seeds(args.seeds) if args.seeds else list(paper.SEEDS)
+    except ValueError as exc:
+        raise SystemExit(f"--seeds: {exc}") from None
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs: must be >= 1, got {args.jobs}")
     clients = args.clients or 5
     out = args.out or Path("outputs/paper")
     try:
@@ -317,7 +326,8 @@ def _paper_suite(args: argparse.Namespace) -> int:
         else:
             summary = paper.run_suite(envs, settings, methods, seeds, out,
                                       episodes=args.episodes, clients=clients,
-                                      resume=args.resume, overwrite=args.overwrite)
+                                      resume=args.resume, overwrite=args.overwrite,
+                                      jobs=args.jobs)
     except (ValueError, FileExistsError) as exc:
         raise SystemExit(f"error: {exc}") from None
     print(paper.markdown_table(summary))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,31 @@ PAPER: dict[str, dict[str, tuple[float | None, float | None]]] = {
                "LunarLander-v3": (224.1, 101.5), "MountainCar-v0": (-143.7, -162.3)},
     "oracle": {e: (None, None) for e in ENVS},
 }
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"42,43,44"`` or ranges ``"42-61"`` (both ends included), mixed by commas, as a
+    list of distinct non-negative seeds in the order given; ``ValueError`` naming the
+    part that is not."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise ValueError(f"{part!r} is not a seed or a range A-B of seeds") from None
+        if a < 0 or b < a:
+            raise ValueError(f"{part!r}: seeds are >= 0 and a range A-B needs A <= B")
+        seeds.extend(range(a, b + 1))
+    if not seeds:
+        raise ValueError(f"no seeds in {text!r}")
+    repeated = sorted(s for s, n in Counter(seeds).items() if n > 1)
+    if repeated:
+        raise ValueError(f"seeds given twice: {repeated}")
+    return seeds
 
 
 def paper_number(method: str, env_id: str, setting: str) -> float | None:
@@ -231,18 +257,25 @@ def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
               methods: Sequence[str] = METHODS, seeds: Sequence[int] = SEEDS,
               out: Path = Path("outputs/paper"), episodes: int = 600, clients: int = 5,
               progress: bool = True, cell: Callable[..., dict[str, Any]] = run_cell,
-              resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+              resume: bool = False, overwrite: bool = False, jobs: int = 1
+              ) -> dict[str, Any]:
     """Run every applicable cell, writing ``paper.json`` after each; then plots and table.
 
     An ``out`` that already holds a ``paper.json`` with cells is refused (hours of runs
     are not overwritten by a repeated command) unless ``resume`` (keep its cells, run only
-    the missing ones; the protocol must match) or ``overwrite``."""
+    the missing ones; the protocol must match) or ``overwrite``. ``jobs`` > 1 runs that
+    many cells at once, each in its own worker process with one BLAS thread (a cell's
+    numbers are then those of a single-threaded run, whatever the machine's cores: the
+    same bits as ``OMP_NUM_THREADS=1`` and ``jobs`` 1); ``cell`` must then be picklable
+    (a module-level function). The new cells are written in the order of the jobs."""
     from tqdm import tqdm
 
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other")
-    jobs = [(m, e, s, seed) for e in envs for s in settings for m in methods
-            for seed in seeds if applicable(m, s)]
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    jobs_list = [(m, e, s, seed) for e in envs for s in settings for m in methods
+                 for seed in seeds if applicable(m, s)]
     protocol = {"clients": clients, "episodes": episodes, "metric": "train-return-last100"}
     summary: dict[str, Any] = {"protocol": protocol,
                                "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -264,18 +297,79 @@ def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
             summary["cells"] = [{**c, "environment": c.get("environment", env)}
                                 for c in earlier["cells"]]
             done = {cell_key(c) for c in summary["cells"]}
-            jobs = [j for j in jobs if j not in done]
+            jobs_list = [j for j in jobs_list if j not in done]
     out.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(jobs, desc="paper suite", unit="run", disable=not progress)
-    for method, env_id, setting, seed in bar:
-        bar.set_postfix_str(f"{method} {env_id} {setting} seed {seed}")
-        row = {"method": method, "env-id": env_id, "setting": setting, "seed": seed,
-               **cell(method, env_id, setting, seed, episodes=episodes, clients=clients)}
-        summary["cells"].append(row)
+    todo, kept = jobs_list, list(summary["cells"])
+    new: dict[int, dict[str, Any]] = {}
+
+    def record(i: int, result: dict[str, Any]) -> None:
+        """Keep cell ``i`` of ``todo`` (after the kept ones, in job order) and write."""
+        method, env_id, setting, seed = todo[i]
+        new[i] = {"method": method, "env-id": env_id, "setting": setting, "seed": seed,
+                  **result}
+        summary["cells"] = kept + [new[k] for k in sorted(new)]
         _write_json(found, summary)
+
+    bar = tqdm(total=len(todo), desc="paper suite", unit="run", disable=not progress)
+    if jobs == 1 or len(todo) <= 1:
+        for i, (method, env_id, setting, seed) in enumerate(todo):
+            bar.set_postfix_str(f"{method} {env_id} {setting} seed {seed}")
+            record(i, cell(method, env_id, setting, seed, episodes=episodes, clients=clients))
+            bar.update()
+    else:
+        _run_parallel(todo, cell, episodes, clients, jobs, record, bar)
+    bar.close()
     summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     write_outputs(summary, out)
     return summary
+
+
+def _one_blas_thread() -> None:
+    """Worker initializer: one BLAS / OpenMP thread for the worker's life."""
+    from threadpoolctl import threadpool_limits
+
+    global _WORKER_LIMITS
+    _WORKER_LIMITS = threadpool_limits(limits=1)
+
+
+_WORKER_LIMITS: Any = None  #: the worker's thread limit, kept alive
+
+
+def _run_parallel(todo: Sequence[tuple[str, str, str, int]], cell: Callable[..., dict[str, Any]],
+                  episodes: int, clients: int, jobs: int,
+                  record: Callable[[int, dict[str, Any]], None], bar: Any) -> None:
+    """Run ``todo``'s cells in ``jobs`` spawned worker processes, recording each as it
+    ends. A cell that raises stops the suite: the cells not yet started are cancelled,
+    those running are waited for (and kept), then the error is raised."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process with BLAS / JAX threads
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx,
+                             initializer=_one_blas_thread) as pool:
+        futures = {pool.submit(cell, method, env_id, setting, seed, episodes=episodes,
+                               clients=clients): i
+                   for i, (method, env_id, setting, seed) in enumerate(todo)}
+        pending = set(futures)
+        error: BaseException | None = None
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in sorted(done, key=futures.__getitem__):
+                exc = fut.exception()
+                if exc is not None:
+                    error = error or exc
+                    continue
+                i = futures[fut]
+                record(i, fut.result())
+                method, env_id, setting, seed = todo[i]
+                bar.set_postfix_str(f"{method} {env_id} {setting} seed {seed}")
+                bar.update()
+            if error is not None and pending:
+                for fut in pending:
+                    fut.cancel()
+                pending = {f for f in pending if not f.cancelled()}
+        if error is not None:
+            raise error
 
 
 def _cells(summary: dict[str, Any], method: str, env_id: str, setting: str
@@ -298,8 +392,11 @@ def markdown_table(summary: dict[str, Any]) -> str:
              f"episodes.", "", f"| method | {head} |", "|---|" + "---:|" * len(cols)]
     times = ["", "Wall / CPU seconds per run (mean over seeds).", "",
              f"| method | {head} |", "|---|" + "---:|" * len(cols)]
+    spread = ["", "Seeds per cell / standard error of the mean (sample std / sqrt(seeds); "
+              "a 3-seed mean moves by a few of these between seed sets).", "",
+              f"| method | {head} |", "|---|" + "---:|" * len(cols)]
     for m in methods:
-        row, trow = [], []
+        row, trow, srow = [], [], []
         for e, s in cols:
             got = _cells(summary, m, e, s)
             paper = paper_number(m, e, s)
@@ -307,14 +404,18 @@ def markdown_table(summary: dict[str, Any]) -> str:
             if not got:
                 row.append("-" + ref)
                 trow.append("-")
+                srow.append("-")
                 continue
             v = np.array([c["train-return-last100"] for c in got])
             row.append(f"{v.mean():.1f} +- {v.std():.1f}{ref}")
             trow.append(f"{np.mean([c['wall-s'] for c in got]):.0f} / "
                         f"{np.mean([c['cpu-s'] for c in got]):.0f}")
+            srow.append(f"{len(v)} / {v.std(ddof=1) / np.sqrt(len(v)):.1f}" if len(v) > 1
+                        else "1 / -")
         lines.append(f"| {m} | " + " | ".join(row) + " |")
         times.append(f"| {m} | " + " | ".join(trow) + " |")
-    return "\n".join(lines + times) + "\n"
+        spread.append(f"| {m} | " + " | ".join(srow) + " |")
+    return "\n".join(lines + times + spread) + "\n"
 
 
 def plot_curves(summary: dict[str, Any], out: Path) -> list[Path]:
