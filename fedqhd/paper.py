@@ -362,7 +362,7 @@ def _run_parallel(todo: Sequence[tuple[str, str, str, int]], cell: Callable[...,
                 i = futures[fut]
                 record(i, fut.result())
                 method, env_id, setting, seed = todo[i]
-                bar.set_postfix_str(f"{method} {env_id} {setting} seed {seed}")
+                bar.set_postfix_str(f"done: {method} {env_id} {setting} seed {seed}")
                 bar.update()
             if error is not None and pending:
                 for fut in pending:
