@@ -311,7 +311,7 @@ def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
         _write_json(found, summary)
 
     bar = tqdm(total=len(todo), desc="paper suite", unit="run", disable=not progress)
-    if jobs == 1 or len(todo) <= 1:
+    if jobs == 1:
         for i, (method, env_id, setting, seed) in enumerate(todo):
             bar.set_postfix_str(f"{method} {env_id} {setting} seed {seed}")
             record(i, cell(method, env_id, setting, seed, episodes=episodes, clients=clients))
