@@ -292,9 +292,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 def _paper_suite(args: argparse.Namespace) -> int:
     from fedqhd import paper
 
-    def pick(text: str | None, default: tuple, kind: type = str) -> list:
-        values = [kind(v) for v in text.split(",") if v] if text else list(default)
-        return values
+    def pick(text: str | None, default: tuple[str, ...]) -> list[str]:
+        return [v for v in text.split(",") if v] if text else list(default)
 
     envs = pick(args.envs, paper.ENVS)
     settings = pick(args.settings, paper.SETTINGS)

@@ -274,7 +274,7 @@ def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
         raise ValueError("resume and overwrite exclude each other")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
-    jobs_list = [(m, e, s, seed) for e in envs for s in settings for m in methods
+    todo = [(m, e, s, seed) for e in envs for s in settings for m in methods
                  for seed in seeds if applicable(m, s)]
     protocol = {"clients": clients, "episodes": episodes, "metric": "train-return-last100"}
     summary: dict[str, Any] = {"protocol": protocol,
@@ -297,9 +297,9 @@ def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
             summary["cells"] = [{**c, "environment": c.get("environment", env)}
                                 for c in earlier["cells"]]
             done = {cell_key(c) for c in summary["cells"]}
-            jobs_list = [j for j in jobs_list if j not in done]
+            todo = [j for j in todo if j not in done]
     out.mkdir(parents=True, exist_ok=True)
-    todo, kept = jobs_list, list(summary["cells"])
+    kept = list(summary["cells"])
     new: dict[int, dict[str, Any]] = {}
 
     def record(i: int, result: dict[str, Any]) -> None:
@@ -324,15 +324,15 @@ def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
     return summary
 
 
+_WORKER_LIMITS: Any = None  #: a worker process's thread limit, kept alive
+
+
 def _one_blas_thread() -> None:
     """Worker initializer: one BLAS / OpenMP thread for the worker's life."""
     from threadpoolctl import threadpool_limits
 
     global _WORKER_LIMITS
     _WORKER_LIMITS = threadpool_limits(limits=1)
-
-
-_WORKER_LIMITS: Any = None  #: the worker's thread limit, kept alive
 
 
 def _run_parallel(todo: Sequence[tuple[str, str, str, int]], cell: Callable[..., dict[str, Any]],
