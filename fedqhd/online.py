@@ -47,7 +47,8 @@ from fedqhd.encoders import (
     heterogeneous_encoder_params,
     shared_encoder_params,
 )
-from fedqhd.envs import get_spec, make_env, validate_dynamics
+from fedqhd.envs import get_spec
+from fedqhd.envs.batch import GymBatch, make_batch_env
 from fedqhd.gram import (
     PrimalSystem,
     pooled_solve,
@@ -61,10 +62,6 @@ from fedqhd.strategies import contract as C
 from fedqhd.strategies.truncate import truncated_mean, with_head
 
 __all__ = [
-    "AcrobotBatch",
-    "CartPoleBatch",
-    "GymBatch",
-    "MountainCarBatch",
     "OnlineClient",
     "OnlineResult",
     "Timer",
@@ -75,7 +72,6 @@ __all__ = [
     "epsilon_tuple",
     "ONLINE_SETTINGS",
     "encoder_bound",
-    "make_batch_env",
     "online_settings",
     "pooled_fit",
     "run_online",
@@ -104,178 +100,6 @@ class Timer:
 
 
 _NO_TIMER = Timer()
-
-
-# --------------------------------------------------------------------------- environments
-
-
-class CartPoleBatch:
-    """``n`` CartPole-v1 environments stepped together with gymnasium's dynamics
-    (euler integrator, float64 state, float32 observations, reward 1 per step)."""
-
-    def __init__(self, n: int, rng: np.random.Generator,
-                 dynamics: dict[str, float] | None = None) -> None:
-        p = validate_dynamics("CartPole-v1", dynamics)
-        self.gravity, self.masscart = p["gravity"], p["masscart"]
-        self.masspole, self.length = p["masspole"], p["length"]
-        self.total_mass = self.masspole + self.masscart
-        self.polemass_length = self.masspole * self.length
-        self.force_mag, self.tau = 10.0, 0.02
-        self.theta_threshold = 12 * 2 * math.pi / 360
-        self.x_threshold = 2.4
-        self.rng = rng
-        self.state = np.zeros((n, 4))
-
-    def reset(self, idx: np.ndarray) -> np.ndarray:
-        self.state[idx] = self.rng.uniform(-0.05, 0.05, size=(len(idx), 4))
-        return self.state[idx].astype(np.float32)
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        x, x_dot, theta, theta_dot = self.state.T
-        force = np.where(actions == 1, self.force_mag, -self.force_mag)
-        costheta, sintheta = np.cos(theta), np.sin(theta)
-        temp = (force + self.polemass_length * np.square(theta_dot) * sintheta) / self.total_mass
-        thetaacc = (self.gravity * sintheta - costheta * temp) / (
-            self.length * (4.0 / 3.0 - self.masspole * np.square(costheta) / self.total_mass))
-        xacc = temp - self.polemass_length * thetaacc * costheta / self.total_mass
-        self.state = np.stack([x + self.tau * x_dot, x_dot + self.tau * xacc,
-                               theta + self.tau * theta_dot, theta_dot + self.tau * thetaacc],
-                              axis=1)
-        x, theta = self.state[:, 0], self.state[:, 2]
-        terminated = ((x < -self.x_threshold) | (x > self.x_threshold)
-                      | (theta < -self.theta_threshold) | (theta > self.theta_threshold))
-        return self.state.astype(np.float32), np.ones(len(x)), terminated
-
-
-class MountainCarBatch:
-    """``n`` MountainCar-v0 environments stepped together with gymnasium's dynamics."""
-
-    def __init__(self, n: int, rng: np.random.Generator,
-                 dynamics: dict[str, float] | None = None) -> None:
-        p = validate_dynamics("MountainCar-v0", dynamics)
-        self.force, self.gravity = p["force"], p["gravity"]
-        self.rng = rng
-        self.state = np.zeros((n, 2))
-
-    def reset(self, idx: np.ndarray) -> np.ndarray:
-        self.state[idx, 0] = self.rng.uniform(-0.6, -0.4, size=len(idx))
-        self.state[idx, 1] = 0.0
-        return self.state[idx].astype(np.float32)
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        position, velocity = self.state[:, 0].copy(), self.state[:, 1].copy()
-        velocity += (actions - 1) * self.force + np.cos(3 * position) * (-self.gravity)
-        velocity = np.clip(velocity, -0.07, 0.07)
-        position += velocity
-        position = np.clip(position, -1.2, 0.6)
-        velocity[(position == -1.2) & (velocity < 0)] = 0.0
-        terminated = (position >= 0.5) & (velocity >= 0.0)
-        self.state = np.stack([position, velocity], axis=1)
-        return self.state.astype(np.float32), np.full(len(position), -1.0), terminated
-
-
-class AcrobotBatch:
-    """``n`` Acrobot-v1 environments stepped together with gymnasium's dynamics ("book"
-    equations, one RK4 step of dt = 0.2 with the torque held, angles wrapped to
-    [-pi, pi], velocities clipped; reward -1 per step, 0 on the terminating step).
-    Link masses and lengths follow :func:`fedqhd.envs.make_env` (centres of mass at
-    mid-length, moments of inertia 1)."""
-
-    dt = 0.2
-    max_vel_1, max_vel_2 = 4 * math.pi, 9 * math.pi
-
-    def __init__(self, n: int, rng: np.random.Generator,
-                 dynamics: dict[str, float] | None = None) -> None:
-        p = validate_dynamics("Acrobot-v1", dynamics)
-        self.m1, self.m2 = p["link_mass_1"], p["link_mass_2"]
-        self.l1 = p["link_length_1"]
-        self.lc1, self.lc2 = p["link_length_1"] / 2, p["link_length_2"] / 2
-        self.rng = rng
-        self.state = np.zeros((n, 4))
-
-    def reset(self, idx: np.ndarray) -> np.ndarray:
-        # gymnasium draws the start in float32 and integrates in float64
-        self.state[idx] = self.rng.uniform(-0.1, 0.1, size=(len(idx), 4)).astype(np.float32)
-        return self._obs(self.state[idx])
-
-    @staticmethod
-    def _obs(s: np.ndarray) -> np.ndarray:
-        return np.stack([np.cos(s[:, 0]), np.sin(s[:, 0]), np.cos(s[:, 1]), np.sin(s[:, 1]),
-                         s[:, 2], s[:, 3]], axis=1).astype(np.float32)
-
-    def _dsdt(self, s: np.ndarray, a: np.ndarray) -> np.ndarray:
-        m1, m2, l1, lc1, lc2 = self.m1, self.m2, self.l1, self.lc1, self.lc2
-        i1 = i2 = 1.0
-        g = 9.8
-        theta1, theta2, dtheta1, dtheta2 = s.T
-        d1 = m1 * lc1**2 + m2 * (l1**2 + lc2**2 + 2 * l1 * lc2 * np.cos(theta2)) + i1 + i2
-        d2 = m2 * (lc2**2 + l1 * lc2 * np.cos(theta2)) + i2
-        phi2 = m2 * lc2 * g * np.cos(theta1 + theta2 - math.pi / 2.0)
-        phi1 = (-m2 * l1 * lc2 * dtheta2**2 * np.sin(theta2)
-                - 2 * m2 * l1 * lc2 * dtheta2 * dtheta1 * np.sin(theta2)
-                + (m1 * lc1 + m2 * l1) * g * np.cos(theta1 - math.pi / 2) + phi2)
-        ddtheta2 = ((a + d2 / d1 * phi1 - m2 * l1 * lc2 * dtheta1**2 * np.sin(theta2) - phi2)
-                    / (m2 * lc2**2 + i2 - d2**2 / d1))
-        ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
-        return np.stack([dtheta1, dtheta2, ddtheta1, ddtheta2], axis=1)
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        torque = np.asarray(actions, dtype=np.float64) - 1.0  # (-1, 0, +1)
-        y0, dt = self.state, self.dt
-        dt2 = dt / 2.0
-        k1 = self._dsdt(y0, torque)
-        k2 = self._dsdt(y0 + dt2 * k1, torque)
-        k3 = self._dsdt(y0 + dt2 * k2, torque)
-        k4 = self._dsdt(y0 + dt * k3, torque)
-        ns = y0 + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
-        for j in (0, 1):  # gymnasium's wrap(): subtract / add 2 pi until inside
-            col = ns[:, j]
-            while (col > math.pi).any():
-                col[col > math.pi] -= 2 * math.pi
-            while (col < -math.pi).any():
-                col[col < -math.pi] += 2 * math.pi
-        ns[:, 2] = np.minimum(np.maximum(ns[:, 2], -self.max_vel_1), self.max_vel_1)
-        ns[:, 3] = np.minimum(np.maximum(ns[:, 3], -self.max_vel_2), self.max_vel_2)
-        self.state = ns
-        terminated = -np.cos(ns[:, 0]) - np.cos(ns[:, 1] + ns[:, 0]) > 1.0
-        return self._obs(ns), np.where(terminated, 0.0, -1.0), terminated
-
-
-class GymBatch:
-    """Fallback: ``n`` unwrapped gymnasium envs stepped one after another."""
-
-    def __init__(self, env_id: str, n: int, rng: np.random.Generator,
-                 dynamics: dict[str, float] | None = None) -> None:
-        self.envs = [make_env(env_id, dynamics).unwrapped for _ in range(n)]
-        self.rng = rng
-        self.obs = np.zeros((n, get_spec(env_id).obs_dim), dtype=np.float32)
-
-    def reset(self, idx: np.ndarray) -> np.ndarray:
-        for i in idx:  # unwrapped: no flattening wrapper, so flatten here (rank > 1 Box)
-            obs, _ = self.envs[i].reset(seed=int(self.rng.integers(2**31 - 1)))
-            self.obs[i] = np.asarray(obs).reshape(-1)
-        return self.obs[idx].copy()
-
-    def step(self, actions: np.ndarray, active: np.ndarray | None = None
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        n = len(self.envs)
-        rewards, terminated = np.zeros(n), np.zeros(n, dtype=bool)
-        for i in (range(n) if active is None else np.flatnonzero(active)):
-            obs, rewards[i], terminated[i], _, _ = self.envs[i].step(int(actions[i]))
-            self.obs[i] = np.asarray(obs).reshape(-1)
-        return self.obs.copy(), rewards, terminated
-
-
-_BATCH = {"CartPole-v1": CartPoleBatch, "MountainCar-v0": MountainCarBatch,
-          "Acrobot-v1": AcrobotBatch}
-
-
-def make_batch_env(env_id: str, n: int, rng: np.random.Generator,
-                   dynamics: dict[str, float] | None = None):
-    """A batch of ``n`` environments: numpy stepper where one exists, else :class:`GymBatch`."""
-    if env_id in _BATCH:
-        return _BATCH[env_id](n, rng, dynamics)
-    return GymBatch(env_id, n, rng, dynamics)
 
 
 # --------------------------------------------------------------------------- learning

@@ -99,7 +99,7 @@ def cartpole_shard(n: int, seed: int) -> Any:
     """``n`` CartPole-v1 transitions of a uniformly random policy (numpy batch stepper,
     gymnasium's dynamics, 256 episodes side by side)."""
     from fedqhd.data import Shard
-    from fedqhd.online import CartPoleBatch
+    from fedqhd.envs.batch import CartPoleBatch
 
     rng = np.random.default_rng(seed)
     envs = 256

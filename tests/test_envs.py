@@ -150,8 +150,14 @@ def test_rollout_rejects_zero_episodes() -> None:
         rollout_returns("CartPole-v1", lambda o: 0, 0, seed=0)
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1"])
-def test_batched_rollouts_equal_one_at_a_time_rollouts(env_id):
+@pytest.mark.parametrize("env_id,dynamics", [("CartPole-v1", None),
+                                              ("CartPole-v1", {"length": 0.8}),
+                                              ("Acrobot-v1", None),
+                                              ("MountainCar-v0", {"force": 0.0012}),
+                                              ("LunarLander-v3", None)])
+def test_batched_rollouts_equal_one_at_a_time_rollouts(env_id, dynamics):
+    """The numpy steppers (CartPole, Acrobot, MountainCar) and the gymnasium fallback
+    (LunarLander) give the returns of gymnasium's envs stepped one episode at a time."""
     from fedqhd.encoders import HDEncoder
     from fedqhd.envs import batch_rollout_returns, get_spec, rollout_returns
 
@@ -160,9 +166,9 @@ def test_batched_rollouts_equal_one_at_a_time_rollouts(env_id):
         np.zeros((1, spec.obs_dim)))
     readout = np.random.default_rng(1).normal(size=(200, spec.n_actions))
     one = rollout_returns(env_id, lambda s: int(np.argmax(enc.encode(s[None])[0] @ readout)),
-                          6, seed=3, dynamics=None)
+                          6, seed=3, dynamics=dynamics)
     batch = batch_rollout_returns(env_id, lambda s: np.argmax(enc.encode(s) @ readout, axis=1),
-                                  6, seed=3)
+                                  6, seed=3, dynamics=dynamics)
     np.testing.assert_array_equal(one, batch)
     if env_id == "CartPole-v1":
         assert np.ptp(one) > 0  # different start states, different returns

@@ -5,10 +5,8 @@ import pytest
 
 from fedqhd.encoders import HDEncoder
 from fedqhd.envs import get_spec, make_env
+from fedqhd.envs.batch import AcrobotBatch, CartPoleBatch, MountainCarBatch
 from fedqhd.online import (
-    AcrobotBatch,
-    CartPoleBatch,
-    MountainCarBatch,
     OnlineClient,
     _posterior_probes,
     collect_many,

@@ -13,9 +13,10 @@ import pytest
 
 from fedqhd.client.app import app as client_app
 from fedqhd.config import RunConfig
+from fedqhd.envs.batch import CartPoleBatch
 from fedqhd.learners import fqi_online
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, run_online_kwargs
-from fedqhd.online import CartPoleBatch, run_online
+from fedqhd.online import run_online
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 

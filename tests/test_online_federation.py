@@ -10,6 +10,7 @@ import pytest
 from fedqhd import online
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
+from fedqhd.envs import batch
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100
 from fedqhd.online import ONLINE_SETTINGS
 from fedqhd.server.app import run_federation
@@ -47,7 +48,7 @@ def test_an_env_that_raises_while_collecting_fails_that_clients_round_not_the_ru
     """The issue's bad input: an env step that raises in round 2 (one node's collection)
     is one failed reply, counted; the other client's reply is aggregated, the next rounds
     have both clients again and the run completes."""
-    step, calls = online.CartPoleBatch.step, {"n": 0, "fail_at": 0}
+    step, calls = batch.CartPoleBatch.step, {"n": 0, "fail_at": 0}
 
     def flaky(self, actions):
         calls["n"] += 1
@@ -55,7 +56,7 @@ def test_an_env_that_raises_while_collecting_fails_that_clients_round_not_the_ru
             raise RuntimeError("the simulator crashed")
         return step(self, actions)
 
-    monkeypatch.setattr(online.CartPoleBatch, "step", flaky)
+    monkeypatch.setattr(batch.CartPoleBatch, "step", flaky)
     _run(tmp_path / "count", encoder=encoder, **{"num-server-rounds": 1})
     calls["fail_at"], calls["n"] = calls["n"] + 1, 0  # the first step after round 1
     rounds = _run(tmp_path / "run", encoder=encoder, **{"num-server-rounds": 3})["rounds"]

@@ -48,7 +48,6 @@ __all__ = [
     "heuristic_action",
     "iter_episode",
     "make_env",
-    "batch_rollout_returns",
     "rollout_returns",
     "validate_dynamics",
 ]
@@ -391,41 +390,3 @@ def rollout_returns(
         return np.asarray(returns, dtype=np.float64)
     finally:
         env.close()
-
-
-BatchPolicy = Callable[[np.ndarray], np.ndarray]
-
-
-def batch_rollout_returns(
-    env_id: str,
-    policy: BatchPolicy,
-    n_episodes: int,
-    seed: int,
-    dynamics: dict[str, float] | None = None,
-) -> np.ndarray:
-    """:func:`rollout_returns` with the episodes stepped side by side: the same episode
-    seeds and environments, and ``policy`` asked once per step for all running episodes
-    (observations stacked, shape (k, obs_dim) -> k actions), so that a policy that
-    encodes states acts on a batch instead of one state at a time. A deterministic
-    row-wise policy gets the returns :func:`rollout_returns` gets."""
-    if n_episodes < 1:
-        raise ValueError(f"n_episodes must be >= 1, got {n_episodes}")
-    envs = [make_env(env_id, dynamics) for _ in range(int(n_episodes))]
-    try:
-        obs = [env.reset(seed=int(s))[0] for env, s in zip(envs, episode_seeds(seed, n_episodes),
-                                                           strict=True)]
-        returns = np.zeros(len(envs))
-        running = list(range(len(envs)))
-        while running:
-            actions = policy(np.stack([obs[i] for i in running]))
-            still = []
-            for i, action in zip(running, actions, strict=True):
-                obs[i], reward, terminated, truncated, _ = envs[i].step(int(action))
-                returns[i] += float(reward)
-                if not (terminated or truncated):
-                    still.append(i)
-            running = still
-        return returns
-    finally:
-        for env in envs:
-            env.close()
