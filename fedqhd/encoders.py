@@ -127,6 +127,23 @@ class HDEncoder(TransformerMixin, BaseEstimator):
         return out
 
 
+    def encode32(self, X: np.ndarray) -> np.ndarray:
+        """Float32 features with the projection in float32 too: what online clients act,
+        fit and are evaluated with (float32's ``cos`` is ~20x cheaper than float64's).
+        The float32 copy of the projection is kept on the encoder."""
+        cache = self.__dict__.get("_f32")
+        if cache is None:
+            cache = ((self.omega_ / self.scale_[:, None]).astype(np.float32),
+                     self.offset_.astype(np.float32),
+                     np.float32(np.sqrt(2.0 / self.omega_.shape[1])))
+            self.__dict__["_f32"] = cache
+        omega, offset, amp = cache
+        proj = np.asarray(X, dtype=np.float32) @ omega
+        proj += offset
+        np.cos(proj, out=proj)
+        proj *= amp
+        return proj
+
 def check_scale(scale: object, d: int) -> np.ndarray:
     """``scale`` as ``d`` positive finite float64 numbers, or a ``ValueError`` saying
     which entries are not (an infinite scale would encode every state alike: a

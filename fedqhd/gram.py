@@ -165,3 +165,33 @@ def _numpy_solver(gram: np.ndarray, shift: float) -> CholeskySolver:
     inverse = np.linalg.solve(lower, np.eye(len(lower)))
     inverse = np.tril(inverse)  # exact zeros above the diagonal
     return CholeskySolver(inverse=inverse)
+
+
+def pack_upper(grams: np.ndarray) -> np.ndarray:
+    """(k, D, D) symmetric -> (k, D(D+1)/2): the upper triangles, row by row (GRAM), in
+    ``grams``' dtype. One slice copy per row: a fancy-indexed gather took 6x as long at
+    D = 2000, and a node's online state packs its Grams at every train message."""
+    k, dim = grams.shape[0], grams.shape[-1]
+    out = np.empty((k, dim * (dim + 1) // 2), dtype=grams.dtype)
+    pos = 0
+    for i in range(dim):
+        out[:, pos:pos + dim - i] = grams[:, i, i:]
+        pos += dim - i
+    return out
+
+
+def unpack_upper(packed: np.ndarray, dim: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Inverse of :func:`pack_upper`: (k, D(D+1)/2) -> (k, D, D) symmetric, float64
+    (written into ``out`` when given: (k, D, D), any float dtype)."""
+    if packed.shape[-1] != dim * (dim + 1) // 2:
+        raise ValueError(f"{packed.shape[-1]} packed entries are not the upper triangle of "
+                         f"a {dim} x {dim} matrix ({dim * (dim + 1) // 2})")
+    if out is None:
+        out = np.empty((packed.shape[0], dim, dim))
+    pos = 0
+    for i in range(dim):
+        row = packed[:, pos:pos + dim - i]
+        out[:, i, i:] = row
+        out[:, i:, i] = row
+        pos += dim - i
+    return out

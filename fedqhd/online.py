@@ -1,6 +1,8 @@
-"""The FedQHD paper's ONLINE protocol, Flower-free: clients collect episodes with
-their current epsilon-greedy policy, learn by ridge fitted Q-iteration on a growing
-private buffer, and aggregate every ``episodes_per_round`` episodes.
+"""The online learner's numeric core (no Flower): a client that collects episodes with
+its current epsilon-greedy policy and learns by ridge fitted Q-iteration on a growing
+private buffer. The federation around it (rounds, aggregation, the paper's baselines)
+is the Flower app's: :mod:`fedqhd.learners.fqi_online`, run by ``flwr run`` and, in
+process, by the paper suite and the bench.
 
 Speed comes from three choices, all measured (see ``BENCHMARKS.md``):
 
@@ -34,36 +36,29 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 from scipy.signal import lfilter
 
-from fedqhd.anchors import make_anchors
 from fedqhd.encoders import (
     HDEncoder,
-    heterogeneous_encoder_params,
-    shared_encoder_params,
 )
 from fedqhd.envs import get_spec
 from fedqhd.envs.batch import GymBatch, make_batch_env
 from fedqhd.gram import (
     PrimalSystem,
-    pooled_solve,
-    pooled_systems,
+    pack_upper,
     primal_system,
     proximal_solve,
+    unpack_upper,
 )
 from fedqhd.readout import bellman_targets, value_range
-from fedqhd.seeding import online_client_rng, shard_seed
-from fedqhd.strategies import contract as C
-from fedqhd.strategies.truncate import truncated_mean, with_head
+from fedqhd.seeding import online_client_rng
 
 __all__ = [
     "OnlineClient",
-    "OnlineResult",
     "Timer",
     "collect_many",
     "default_capacity",
@@ -73,11 +68,6 @@ __all__ = [
     "ONLINE_SETTINGS",
     "encoder_bound",
     "online_settings",
-    "pooled_fit",
-    "run_online",
-    "truncate_average",
-    "truncated_mean",
-    "with_head",
 ]
 
 
@@ -174,20 +164,6 @@ def _row_products(rows: np.ndarray, features: np.ndarray) -> np.ndarray:
     return rows @ features.T
 
 
-def _encode32(encoder: HDEncoder, states: np.ndarray) -> np.ndarray:
-    """Float32 features (the encoder's float64 path spends most of its time in ``cos``)."""
-    cache = encoder.__dict__.get("_online_f32")
-    if cache is None:
-        cache = ((encoder.omega_ / encoder.scale_[:, None]).astype(np.float32),
-                 encoder.offset_.astype(np.float32),
-                 np.float32(np.sqrt(2.0 / encoder.omega_.shape[1])))
-        encoder.__dict__["_online_f32"] = cache
-    omega, offset, amp = cache
-    proj = np.asarray(states, dtype=np.float32) @ omega
-    proj += offset
-    np.cos(proj, out=proj)
-    proj *= amp
-    return proj
 
 
 def pack_statistics(mats: np.ndarray, narrow: bool = False) -> dict[str, np.ndarray]:
@@ -199,7 +175,7 @@ def pack_statistics(mats: np.ndarray, narrow: bool = False) -> dict[str, np.ndar
     the full matrices (``statistics``). :func:`unpack_statistics` restores them bitwise."""
     if not all(np.array_equal(m, m.T) for m in mats):
         return {"statistics": np.array(mats)}
-    packed = C.pack_upper(mats)
+    packed = pack_upper(mats)
     if narrow:
         small = packed.astype(np.float32)
         if np.array_equal(small, packed):
@@ -214,7 +190,7 @@ def unpack_statistics(arrays: dict[str, np.ndarray], out: np.ndarray) -> None:
         if packed.shape[0] != out.shape[0]:
             raise ValueError(f"snapshot statistics of {packed.shape[0]} matrices do not "
                              f"fit {out.shape[0]}")
-        C.unpack_upper(packed, out.shape[-1], out=out)
+        unpack_upper(packed, out.shape[-1], out=out)
         return
     full = arrays["statistics"]
     if full.shape != out.shape:
@@ -449,8 +425,8 @@ class OnlineClient:
         src = order[first]
         replaced = uniq[uniq < self.size]
         with self.timer("encode-buffer"):
-            new_f = _encode32(self.encoder, np.asarray(states)[src])
-            new_nf = _encode32(self.encoder, np.asarray(next_states)[src])
+            new_f = self.encoder.encode32(np.asarray(states)[src])
+            new_nf = self.encoder.encode32(np.asarray(next_states)[src])
         self._posterior = None  # the statistics change
         with self.timer("statistics"):
             if self.form == "primal" and len(replaced):
@@ -569,9 +545,9 @@ class OnlineClient:
             out[:m] = earlier[1][:m]  # one block copy; the rows that differ are redone below
             todo = np.concatenate([np.flatnonzero(~same), np.arange(m, n)])
         if len(todo) == n:
-            out[:n] = _encode32(self.encoder, rows[:n])
+            out[:n] = self.encoder.encode32(rows[:n])
         elif len(todo):
-            out[todo] = _encode32(self.encoder, rows[todo])
+            out[todo] = self.encoder.encode32(rows[todo])
 
     def share_anchor_factor(self, other: OnlineClient) -> None:
         """Take ``other``'s cached factor of the anchor kernel (:meth:`compile`): ``other``
@@ -642,8 +618,8 @@ class OnlineClient:
                    ) -> np.ndarray:
         """``Phi_a^T y_a`` per action ``(D, |A|)`` of this buffer for the targets of
         ``readout`` kept in the value range of the pooled rewards' ``reward_range``: this
-        client's share of one pooled sweep (:func:`pooled_fit`, and the app's
-        ``strategy = "pooled"``, which sends only this and the Gram, never the rows)."""
+        client's share of one pooled sweep (the app's ``strategy = "pooled"``, which
+        sends only this and the Gram, never the rows)."""
         return primal_rhs(self.features[:self.size], self._onehot(),
                           self.targets(readout, reward_range))
 
@@ -790,7 +766,7 @@ class OnlineClient:
     def encode(self, states: np.ndarray) -> np.ndarray:
         """``states`` in this client's float32 features, as it fits and acts with them
         (anchor features must be these, or a compiled teacher differs from the bench's)."""
-        return _encode32(self.encoder, states)
+        return self.encoder.encode32(states)
 
     def q_values(self, states: np.ndarray) -> np.ndarray:
         return self.encode(states).astype(np.float64) @ self.readout
@@ -857,7 +833,7 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
                 live = [c for c in members if st[c]["active"].any()]
                 if not live:
                     continue
-                feats = _encode32(clients[live[0]].encoder,
+                feats = clients[live[0]].encoder.encode32(
                                   np.concatenate([st[c]["obs"] for c in live]))
                 off = 0
                 for c in live:
@@ -1008,91 +984,11 @@ def _per_episode_subsample(episode: np.ndarray, quota: int, rng: np.random.Gener
 # --------------------------------------------------------------------------- federation
 
 
-@dataclass
-class OnlineResult:
-    """What :func:`run_online` measured."""
-
-    env_id: str
-    encoder: str
-    aggregate: str | None
-    seed: int
-    train_return_last100: float
-    greedy_return: float
-    rounds: list[dict[str, float]] = field(default_factory=list)
-    wall_s: float = 0.0
-    cpu_s: float = 0.0
-    profile: dict[str, float] = field(default_factory=dict)
-    client_last100: list[float] = field(default_factory=list)
-    n_transitions: list[int] = field(default_factory=list)
-    #: FQI sweeps each client ran (fewer than rounds x ``sweeps`` with ``sweep_tol``)
-    sweeps_run: list[int] = field(default_factory=list)
-    config: dict = field(default_factory=dict)
-
-
-def truncate_average(readouts: Sequence[np.ndarray], weights: Sequence[float] | np.ndarray
-                     ) -> list[np.ndarray]:
-    """The paper's truncate-and-average of readouts of different ``D_i``: the weighted mean
-    of their first ``d = min_i D_i`` rows (:func:`truncated_mean`), returned to every client
-    in its first ``d`` rows; each client keeps its own rows beyond ``d``
-    (:func:`with_head`). Equal ``D``: the mean."""
-    head = truncated_mean(readouts, weights)
-    return [with_head(r, head) for r in readouts]
-
-
 def primal_rhs(features: np.ndarray, onehot: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``Phi^T y`` per action (float32 products accumulated as float64). Computed as
     ``((onehot y)^T Phi)^T``: the same bits as ``Phi^T (onehot y)`` and ~20 % faster
     (the long axis of ``Phi`` is read in order; BENCHMARKS.md, "Thirteenth round")."""
     return ((onehot * y[:, None].astype(np.float32)).T @ features).T.astype(np.float64)
-
-
-def pooled_fit(clients: Sequence[OnlineClient], sweeps: int, init: np.ndarray | None = None,
-               prior: np.ndarray | None = None) -> np.ndarray:
-    """Ridge FQI on the union of the clients' buffers: the pooled-data oracle.
-
-    One learner whose buffer is every client's buffer: per action the primal Grams are
-    summed, each sweep's targets are built per client under the one readout and their
-    right-hand sides summed, and the proximal pull toward ``prior`` counts the pooled
-    transitions of the action (as :meth:`OnlineClient.fit` counts its own). Clients must
-    share one encoder and settings, with primal statistics (``D <= capacity``); the
-    targets are kept in the value range of the union of their rewards (the one
-    learner's). ``init`` defaults to zeros, ``prior`` to ``init``. The arithmetic
-    (:func:`fedqhd.gram.pooled_systems`, :meth:`OnlineClient.pooled_rhs`,
-    :func:`fedqhd.gram.pooled_solve`) is the Flower app's ``strategy = "pooled"``'s, which
-    exchanges the same statistics as messages."""
-    if not clients:
-        raise ValueError("need at least one client")
-    first = clients[0]
-    for cl in clients:
-        if cl.form != "primal":
-            raise ValueError("the pooled oracle needs primal statistics (D <= capacity)")
-        if cl.fuse or cl.dim != first.dim or (cl.ridge, cl.proximal, cl.gamma,
-                                               cl.action_gap) != (
-                first.ridge, first.proximal, first.gamma, first.action_gap):
-            raise ValueError("the pooled oracle needs clients with one encoder dimension and "
-                             "the same ridge, proximal, gamma, action_gap and no fuse")
-    readout = (np.zeros((first.dim, first.n_actions)) if init is None
-               else np.array(init, dtype=np.float64))
-    prior = readout.copy() if prior is None else np.asarray(prior, dtype=np.float64)
-    live = [cl for cl in clients if cl.size]
-    if not live or sweeps <= 0:
-        return readout
-    reward_range = (min(cl.r_min for cl in live), max(cl.r_max for cl in live))
-    counts = np.sum([cl.action_counts() for cl in live], axis=0)
-    with first.timer("factor"):
-        systems = pooled_systems([cl.gram for cl in live], counts, first.ridge,
-                                 first.proximal)
-    with first.timer("sweeps"):
-        for _ in range(sweeps):
-            rhs = np.zeros_like(readout)
-            for cl in live:
-                rhs += cl.pooled_rhs(readout, reward_range)
-            readout = pooled_solve(systems, rhs, prior)
-    return readout
-
-
-def _last100(clients: Sequence[OnlineClient]) -> float:
-    return float(np.mean([np.mean(c.episode_returns[-100:]) for c in clients]))
 
 
 #: Per-task settings of the online learner: :func:`run_online`'s defaults and the Flower
@@ -1203,227 +1099,3 @@ def online_settings(env_id: str, encoder: str = "shared") -> dict[str, Any]:
     if encoder == "heterogeneous":
         table.update(hetero)
     return table
-
-
-def run_online(
-    env_id: str = "CartPole-v1",
-    n_clients: int = 5,
-    episodes: int = 600,
-    episodes_per_round: int | None = None,
-    encoder: str = "shared",
-    aggregate: str | None = "auto",
-    seed: int = 42,
-    dim: int | None = None,
-    enc_gamma: float | None = None,
-    gamma: float | None = None,
-    ridge: float | None = None,
-    proximal: float | None = None,
-    action_gap: float | None = None,
-    n_step: int | None = None,
-    fuse: float | None = None,
-    gamma_final: float | None = None,
-    gamma_ramp: int | None = None,
-    tail: int | None = None,
-    sweeps: int | None = None,
-    capacity: int | None = None,
-    per_episode: int | None = None,
-    epsilon: Sequence[float] | None = None,
-    obs_scale: Sequence[float] | None = None,
-    n_anchors: int | None = None,
-    anchor_source: str | None = None,
-    compile_ridge: float | None = None,
-    greedy_episodes: int = 10,
-    dynamics: Sequence[dict[str, float] | None] | None = None,
-    act_local: bool | None = None,
-    pessimism: float | None = None,
-    sweep_tol: float | None = None,
-    mc_mix: float | None = None,
-    mc_window: int | None = None,
-    ucb: float | None = None,
-    boltzmann: float | None = None,
-    verbose: bool = False,
-) -> OnlineResult:
-    """The paper's online protocol in one process.
-
-    Every round each client collects ``episodes_per_round`` episodes with its current
-    epsilon-greedy policy (``epsilon = (start, decay per episode, floor[, until])``:
-    :func:`epsilon_schedule`), appends
-    them, and runs ``sweeps`` FQI sweeps. Aggregation (``aggregate="auto"``: by
-    ``encoder``):
-
-    * ``"average"`` (shared encoder): each client fits from the global readout,
-      pulled toward it; the server averages the readouts weighted by transitions
-      collected; clients act with the global readout, or (``act_local``) each with its
-      own last fit, as the paper's clients act with their local models between
-      aggregations (five policies explore more than one).
-    * ``"anchors"`` (heterogeneous encoders): each client fits from its own readout;
-      the server averages client Q on ``n_anchors`` anchor states (weighted by
-      transitions); each client compiles the teacher into its features (ridge
-      projection toward its own readout) and acts with the result.
-    * ``"truncate"`` (the paper's truncate-and-average baseline, any encoders): each
-      client fits from its own readout; the server averages the first ``min_i D_i`` rows
-      of the readouts (weighted by transitions) and each client continues from that
-      average in its first ``min_i D_i`` rows and its own readout in the rest
-      (:func:`truncate_average`). Row ``j`` of two heterogeneous encoders is an
-      unrelated random feature, which is the point of the baseline. With the shared
-      encoder it is plain readout averaging and reproduces ``"average"`` exactly.
-    * ``"pooled"`` (the pooled-data oracle, shared encoder): one learner fits ridge FQI
-      on the union of all clients' buffers (:func:`pooled_fit`) and every client acts
-      with its single readout; the clients only collect.
-    * ``None``: independent learners, never aggregated.
-
-    Heterogeneous encoders: ``D_i`` cycled from (500, 1000, 2000, 5000), ``gamma_i =
-    enc_gamma * U(0.5, 1.5)`` (:func:`fedqhd.encoders.heterogeneous_encoder_params`).
-    ``capacity`` defaults to the table's ``capacity``, else ``min(20000, 1e7 // D_i)``
-    slots (:func:`default_capacity`). Settings left ``None``
-    come from :data:`ONLINE_SETTINGS` for ``env_id``.
-    """
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    spec = get_spec(env_id)
-    table = online_settings(env_id, encoder)
-    dim = table["dim"] if dim is None else dim
-    enc_gamma = table["enc_gamma"] if enc_gamma is None else enc_gamma
-    gamma = table["gamma"] if gamma is None else gamma
-    ridge = table["ridge"] if ridge is None else ridge
-    proximal = table["proximal"] if proximal is None else proximal
-    sweeps = table["sweeps"] if sweeps is None else sweeps
-    action_gap = table.get("action_gap", 0.0) if action_gap is None else action_gap
-    n_step = table.get("n_step", 1) if n_step is None else n_step
-    fuse = table.get("fuse", 0.0) if fuse is None else fuse
-    act_local = bool(table.get("act_local", False) if act_local is None else act_local)
-    pessimism = float(table.get("pessimism", 0.0) if pessimism is None else pessimism)
-    sweep_tol = float(table.get("sweep_tol", 0.0) if sweep_tol is None else sweep_tol)
-    mc_mix = float(table.get("mc_mix", 0.0) if mc_mix is None else mc_mix)
-    mc_window = int(table.get("mc_window", 100) if mc_window is None else mc_window)
-    ucb = float(table.get("ucb", 0.0) if ucb is None else ucb)
-    boltzmann = float(table.get("boltzmann", 0.0) if boltzmann is None else boltzmann)
-    n_anchors = table.get("n_anchors", 1000) if n_anchors is None else n_anchors
-    anchor_source = (table.get("anchor_source", "rollouts") if anchor_source is None
-                     else anchor_source)
-    gamma_final = table.get("gamma_final", 0.0) if gamma_final is None else gamma_final
-    gamma_ramp = table.get("gamma_ramp", 1) if gamma_ramp is None else gamma_ramp
-    tail = table.get("tail", 0) if tail is None else tail
-    compile_ridge = table.get("compile_ridge", 1.0) if compile_ridge is None else compile_ridge
-    capacity = table.get("capacity") if capacity is None else capacity
-    obs_scale = table.get("obs_scale") if obs_scale is None else obs_scale
-    bound = encoder_bound(env_id, obs_scale)
-    if gamma_final > gamma and n_step > 1:
-        raise ValueError("a discount schedule (gamma_final) needs n_step = 1")
-    discount = discount_schedule(gamma, gamma_final, gamma_ramp)
-    per_episode = table["per_episode"] if per_episode is None else per_episode
-    episodes_per_round = (table["episodes_per_round"] if episodes_per_round is None
-                          else episodes_per_round)
-    epsilon = epsilon_tuple(table["epsilon"] if epsilon is None else epsilon)
-    if encoder not in ("shared", "heterogeneous"):
-        raise ValueError(f"encoder must be shared or heterogeneous, got {encoder!r}")
-    if aggregate == "auto":
-        aggregate = "average" if encoder == "shared" else "anchors"
-    if aggregate not in (None, "average", "anchors", "truncate", "pooled"):
-        raise ValueError("aggregate must be average, anchors, truncate, pooled or None, "
-                         f"got {aggregate!r}")
-    if aggregate in ("average", "pooled") and encoder != "shared":
-        raise ValueError(f"aggregate={aggregate!r} needs the shared encoder")
-    timer = Timer()
-    if encoder == "shared":
-        enc = shared_encoder_params(seed, dim, enc_gamma).build(bound)
-        encoders = [enc] * n_clients
-    else:
-        encoders = [heterogeneous_encoder_params(seed, i, enc_gamma).build(bound)
-                    for i in range(n_clients)]
-    clients = []
-    for i, e in enumerate(encoders):
-        d = e.omega_.shape[1]
-        cap = capacity if capacity is not None else default_capacity(d)
-        clients.append(OnlineClient(
-            env_id, e, gamma=gamma, ridge=ridge, proximal=proximal, action_gap=action_gap,
-            n_step=n_step, fuse=fuse, tail=tail, capacity=cap, pessimism=pessimism,
-            sweep_tol=sweep_tol, mc_mix=mc_mix, mc_window=mc_window, ucb=ucb,
-            boltzmann=boltzmann,
-            per_episode=per_episode, n_parallel=episodes_per_round,
-            seed=shard_seed(seed, i),
-            dynamics=None if dynamics is None else dynamics[i]))
-    for cl in clients:
-        cl.timer = timer
-    schedule = epsilon_schedule(*epsilon)
-    anchors_x: list[np.ndarray] = []
-    if aggregate == "anchors":
-        with timer("anchors"):
-            anchors = make_anchors(anchor_source, env_id, n_anchors, seed)
-            anchors_x = [cl.encode(anchors) for cl in clients]
-    global_w = (np.zeros((dim, spec.n_actions)) if aggregate in ("average", "pooled")
-                else None)
-    result = OnlineResult(env_id, encoder, aggregate, seed, math.nan, math.nan,
-                          config=dict(episodes_per_round=episodes_per_round, dim=dim,
-                                      enc_gamma=enc_gamma, gamma=gamma, ridge=ridge,
-                                      proximal=proximal, action_gap=action_gap,
-                                      n_step=n_step, fuse=fuse, gamma_final=gamma_final,
-                                      gamma_ramp=gamma_ramp, tail=tail,
-                                      sweeps=sweeps, sweep_tol=sweep_tol,
-                                      mc_mix=mc_mix, mc_window=mc_window, ucb=ucb,
-                                      boltzmann=boltzmann,
-                                      per_episode=per_episode,
-                                      epsilon=epsilon, n_anchors=n_anchors,
-                                      anchor_source=anchor_source, act_local=act_local,
-                                      compile_ridge=compile_ridge,
-                                      # the pooled oracle fits without it
-                                      pessimism=0.0 if aggregate == "pooled" else pessimism,
-                                      obs_scale=(None if obs_scale is None
-                                                 else [float(v) for v in obs_scale]),
-                                      capacity=[cl.capacity for cl in clients]))
-    done = 0
-    while done < episodes:
-        k = min(episodes_per_round, episodes - done)
-        eps = schedule(np.arange(done, done + k))
-        collect_many(clients, [k] * n_clients, [eps] * n_clients, timer=timer)
-        done += k
-        for cl in clients:
-            cl.gamma = discount(done)
-        weights = np.array([cl.n_transitions for cl in clients], dtype=float)
-        weights /= weights.sum()
-        if aggregate == "pooled":
-            global_w = pooled_fit(clients, sweeps, init=global_w, prior=global_w)
-            for cl in clients:
-                cl.readout = global_w.copy()
-        elif aggregate == "average":
-            for cl in clients:
-                cl.fit(sweeps, init=global_w, prior=global_w)
-            with timer("aggregate"):
-                global_w = sum(w * cl.readout for w, cl in zip(weights, clients, strict=True))
-                if not act_local:
-                    for cl in clients:
-                        cl.readout = global_w.copy()
-        else:
-            for cl in clients:
-                cl.fit(sweeps)
-            if aggregate == "truncate":
-                with timer("aggregate"):
-                    merged = truncate_average([cl.readout for cl in clients], weights)
-                    for cl, w in zip(clients, merged, strict=True):
-                        cl.readout = w
-            elif aggregate == "anchors":
-                with timer("aggregate"):
-                    qs = [x.astype(np.float64) @ cl.readout
-                          for x, cl in zip(anchors_x, clients, strict=True)]
-                    teacher = sum(w * q for w, q in zip(weights, qs, strict=True))
-                    for x, cl in zip(anchors_x, clients, strict=True):
-                        cl.compile(x, teacher, compile_ridge)
-        row = {"episodes": done, "train-return-last100": _last100(clients),
-               "round-return": float(np.mean([np.mean(c.episode_returns[-k:])
-                                              for c in clients])),
-               "value-bias": float(np.mean([c.value_bias() for c in clients])),
-               "epsilon": float(eps[-1]), "wall-s": time.perf_counter() - wall0}
-        result.rounds.append(row)
-        if verbose:
-            print({key: round(v, 2) for key, v in row.items()}, flush=True)
-    with timer("greedy-eval"):
-        greedy = collect_many(clients, [greedy_episodes] * n_clients, [0.0] * n_clients,
-                              append=False)
-    result.train_return_last100 = _last100(clients)
-    result.client_last100 = [float(np.mean(c.episode_returns[-100:])) for c in clients]
-    result.greedy_return = float(np.mean([g.mean() for g in greedy]))
-    result.n_transitions = [c.n_transitions for c in clients]
-    result.sweeps_run = [c.sweeps_run for c in clients]
-    result.wall_s = time.perf_counter() - wall0
-    result.cpu_s = time.process_time() - cpu0
-    result.profile = dict(timer.seconds)
-    return result

@@ -7,14 +7,17 @@ policy; the metric is the paper's, the mean training return of each client's
 last 100 episodes, averaged over clients. Methods:
 
 * ``fedqhd`` -- ours: bounded ridge FQI on HD features, readout averaging (shared)
-  or anchor-set teacher compilation (heterogeneous) (:func:`fedqhd.online.run_online`);
+  or anchor-set teacher compilation (heterogeneous);
 * ``independent`` -- the same learners, never aggregated;
 * ``truncate-avg`` -- the paper's truncate FedAvg: the same learners, readouts cut to
-  the smallest ``D_i`` and averaged (:func:`fedqhd.online.truncate_average`); with the
-  shared encoder it is plain readout averaging, i.e. exactly ``fedqhd`` shared;
+  the smallest ``D_i`` and averaged; with the shared encoder it is plain readout
+  averaging, i.e. exactly ``fedqhd`` shared;
 * ``oracle`` -- one learner fitting ridge FQI on the pooled buffers of all clients,
-  every client acting with its readout (:func:`fedqhd.online.pooled_fit`; shared
-  setting only: one feature space; the paper reports no number);
+  every client acting with its readout (shared setting only: one feature space; the
+  paper reports no number);
+
+These four run the Flower apps in process (:func:`run_app_cell`): the ServerApp's rounds
+and one ClientApp per client, the code ``flwr run`` executes, on the in-process Grid.
 * ``fedavg-dqn`` -- FedAvg of DQN MLPs (shared setting only, as in the paper);
 * ``distill-dqn`` -- distillation FedDQN on anchor states (both settings)
   (:mod:`fedqhd.baselines.dqn`, extra ``dqn``).
@@ -43,9 +46,16 @@ ENVS: tuple[str, ...] = ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "Mountai
 SETTINGS: tuple[str, ...] = ("shared", "heterogeneous")
 METHODS: tuple[str, ...] = ("fedqhd", "independent", "truncate-avg", "fedavg-dqn",
                              "distill-dqn", "oracle")
-#: the online learners' aggregate mode per method (:func:`fedqhd.online.run_online`)
-_AGGREGATE: dict[str, str | None] = {"fedqhd": "auto", "independent": None,
-                                     "truncate-avg": "truncate", "oracle": "pooled"}
+#: the run-config keys of each method (with ``encoder`` = the setting): every cell runs
+#: the Flower apps; the paper weights its deep baselines' clients alike
+METHOD_KEYS: dict[str, dict[str, Any]] = {
+    "fedqhd": {"learner": "fqi", "strategy": "auto"},
+    "independent": {"learner": "fqi", "strategy": "none"},
+    "truncate-avg": {"learner": "fqi", "strategy": "truncate"},
+    "oracle": {"learner": "fqi", "strategy": "pooled"},
+    "fedavg-dqn": {"learner": "dqn", "strategy": "avg", "weighting": "uniform"},
+    "distill-dqn": {"learner": "dqn", "strategy": "anchor", "weighting": "uniform"},
+}
 SEEDS: tuple[int, ...] = (42, 43, 44)
 
 #: the paper's main table (3-seed means of the last-100 training return), (shared, heterogeneous);
@@ -113,27 +123,59 @@ def run_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 
     if not applicable(method, setting):
         raise ValueError(f"{method} needs the shared setting (one network architecture "
                          "or feature space)")
-    if method in _AGGREGATE:
-        from fedqhd.online import run_online
+    return run_app_cell(method, env_id, setting, seed, episodes, clients)
 
-        res = run_online(env_id, n_clients=clients, episodes=episodes, encoder=setting,
-                         aggregate=_AGGREGATE[method], seed=seed)
-        curve = [(r["episodes"], r["train-return-last100"]) for r in res.rounds]
-        return {"train-return-last100": res.train_return_last100,
-                "greedy-return": res.greedy_return, "wall-s": res.wall_s, "cpu-s": res.cpu_s,
-                "curve": curve, "config": res.config, "aggregate": res.aggregate,
-                "value-bias": [(r["episodes"], r["value-bias"]) for r in res.rounds]}
-    from fedqhd.baselines import dqn
 
-    if method == "fedavg-dqn":
-        out = dqn.run_fedavg_dqn(env_id, n_clients=clients, episodes=episodes, seed=seed)
-    else:
-        out = dqn.run_distill_dqn(env_id, n_clients=clients, episodes=episodes, seed=seed,
-                                  setting=setting)
-    curve = [(r["episodes"], r["train-return-last100"]) for r in out["rounds"]]
-    return {"train-return-last100": float(out["train-return-last100"]),
-            "greedy-return": float(out["greedy-return"]), "wall-s": float(out["wall-s"]),
-            "cpu-s": float(out["cpu-s"]), "curve": curve}
+def app_run_config(method: str, env_id: str, setting: str, seed: int, episodes: int = 600,
+                   clients: int = 5) -> dict[str, Any]:
+    """The run config of a cell: the method's keys, the task's online settings
+    (``online-settings = auto``), the paper's plain client weights (no client lies in a
+    study: ``weight-cap-factor`` 0) and one greedy evaluation, after the last round (the
+    training return is the paper's metric)."""
+    return {"protocol": "online", "env-id": env_id, "encoder": setting, "seed": seed,
+            **METHOD_KEYS[method], "min-nodes": clients, "online-episodes": episodes,
+            "weight-cap-factor": 0.0, "eval-every": 100_000}
+
+
+def run_app_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 600,
+                 clients: int = 5) -> dict[str, Any]:
+    """A cell: ``clients`` ClientApps and the ServerApp's rounds in this process (the
+    in-process Grid, :class:`fedqhd.server.inprocess.InProcessGrid`), the code a ``flwr
+    run`` executes, with Flower's per-round log lines held back."""
+    import logging
+    import shutil
+    import tempfile
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from fedqhd.client.app import app as client_app
+    from fedqhd.config import RunConfig
+    from fedqhd.server.app import run_federation
+    from fedqhd.server.inprocess import InProcessGrid
+
+    keys = app_run_config(method, env_id, setting, seed, episodes, clients)
+    scratch = Path(tempfile.mkdtemp(prefix="fedqhd-paper-"))
+    level = FLOWER_LOGGER.level
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    try:
+        FLOWER_LOGGER.setLevel(logging.WARNING)
+        cfg = RunConfig.from_run_config({**keys, "output-dir": str(scratch)})
+        final, out_dir = run_federation(
+            InProcessGrid([client_app] * clients, run_config=cfg.to_run_config()), cfg)
+        rows = json.loads((out_dir / "results.json").read_text())["rounds"]
+    finally:
+        FLOWER_LOGGER.setLevel(level)
+        shutil.rmtree(scratch, ignore_errors=True)
+    if final.get("status") != "completed":
+        raise RuntimeError(f"{method} {env_id} {setting} seed {seed}: the run failed "
+                           f"({final.get('reason')})")
+    per_round = cfg.episodes_per_round
+    return {"train-return-last100": float(rows[-1]["train-return-last100"]),
+            "greedy-return": float(rows[-1]["return-mean"]),
+            "wall-s": time.perf_counter() - wall0, "cpu-s": time.process_time() - cpu0,
+            "curve": [(r["round"] * per_round, r["train-return-last100"]) for r in rows],
+            "value-bias": [(r["round"] * per_round, r["value-bias"]) for r in rows],
+            "config": cfg.to_run_config()}
 
 
 def checkout_commit(package_dir: Path) -> str | None:

@@ -42,14 +42,12 @@ def test_dqn_config_takes_the_papers_settings_and_needs_the_online_protocol():
 
 
 def test_dqn_settings_are_the_in_process_baselines_defaults():
-    from fedqhd.baselines.dqn import DQNClients, run_fedavg_dqn
+    from fedqhd.baselines.dqn import DQNClients
 
     init = inspect.signature(DQNClients).parameters
     assert DQN_SETTINGS["gamma"] == init["gamma"].default
     assert DQN_SETTINGS["epsilon"] == (init["eps_start"].default, init["eps_decay"].default,
                                        init["eps_min"].default)
-    assert (DQN_SETTINGS["episodes_per_round"]
-            == inspect.signature(run_fedavg_dqn).parameters["aggregate_every"].default)
 
 
 def test_network_packing_round_trips_and_a_node_explores_as_its_in_process_client():

@@ -1,5 +1,7 @@
 """The online protocol's numeric core: batch steppers, incremental statistics, short runs."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,6 @@ from fedqhd.online import (
     epsilon_tuple,
     pack_statistics,
     returns_to_go,
-    run_online,
     unpack_statistics,
 )
 from fedqhd.readout import value_range
@@ -160,8 +161,6 @@ def test_snapshot_restores_the_same_client_in_half_the_bytes(form):
 def test_a_rebuild_reencodes_only_the_rows_changed_since_an_earlier_copy(form, monkeypatch):
     """A stale copy lends its features of unchanged rows; appended and reservoir-replaced
     rows are encoded again, and the rebuilt client is bitwise the live one."""
-    import fedqhd.online as online
-
     cl = _client(form, capacity=150)
     collect_many([cl], [4], [1.0])
     stale = _client(form, capacity=150)
@@ -170,8 +169,9 @@ def test_a_rebuild_reencodes_only_the_rows_changed_since_an_earlier_copy(form, m
         collect_many([cl], [4], [1.0])  # more rows, then some slots replaced
     assert stale.size < cl.size and cl.seen > cl.capacity
     encoded = []
-    real = online._encode32
-    monkeypatch.setattr(online, "_encode32", lambda enc, x: encoded.append(len(x)) or real(enc, x))
+    real = HDEncoder.encode32
+    monkeypatch.setattr(HDEncoder, "encode32",
+                        lambda enc, x: encoded.append(len(x)) or real(enc, x))
     twin = _client(form, capacity=150)
     twin.restore(*cl.snapshot(), reuse=stale)
     assert 0 < sum(encoded) < 2 * cl.size  # not every row again
@@ -200,24 +200,43 @@ def test_targets_are_clipped_to_the_value_range():
     assert np.all(y[~cont] == cl.rewards[:cl.size][~cont])  # termination does not bootstrap
 
 
-def test_short_online_run_learns_cartpole():
-    res = run_online("CartPole-v1", n_clients=2, episodes=120, episodes_per_round=20,
-                     dim=300, seed=0, greedy_episodes=5)
-    first = res.rounds[0]["round-return"]
-    assert res.rounds[-1]["round-return"] > max(2 * first, 60.0)
-    assert res.greedy_return > 21.0 * 3  # uniform random gets 21
+def _app_run(tmp_path, n: int, **keys):
+    """A short online run of the Flower apps in process: its round rows."""
+    from fedqhd.client.app import app as client_app
+    from fedqhd.config import RunConfig
+    from fedqhd.server.app import run_federation
+    from fedqhd.server.inprocess import InProcessGrid
+
+    cfg = RunConfig.from_run_config({
+        "protocol": "online", "online-settings": "manual", "env-id": "CartPole-v1",
+        "episodes-per-round": 20, "gamma": 0.9, "ridge": 1.0, "proximal": 0.01,
+        "local-iterations": 5, "online-per-episode": 20, "online-tail": 20,
+        "epsilon-decay": 0.99, "epsilon-floor": 0.0, "min-nodes": n, "output-dir": str(tmp_path),
+        **keys})
+    _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),
+                            cfg)
+    return json.loads((out / "results.json").read_text())["rounds"]
 
 
-def test_independent_mode_never_aggregates(monkeypatch):
+def test_short_online_run_learns_cartpole(tmp_path):
+    rows = _app_run(tmp_path, 2, **{"hd-dim": 300, "seed": 0, "num-server-rounds": 6,
+                                    "eval-episodes": 5})
+    first = rows[0]["train-return-last100"]
+    assert rows[-1]["train-return-last100"] > max(2 * first, 60.0)
+    assert rows[-1]["return-mean"] > 21.0 * 3  # uniform random gets 21
+
+
+def test_independent_learners_never_compile_a_teacher(tmp_path, monkeypatch):
     calls = []
+    real = OnlineClient.compile
     monkeypatch.setattr(OnlineClient, "compile",
-                        lambda self, *a, **k: calls.append("compile") or 0.0)
-    res = run_online("CartPole-v1", n_clients=2, episodes=40, episodes_per_round=20,
-                     dim=100, encoder="heterogeneous", aggregate=None, greedy_episodes=1)
-    assert res.aggregate is None and calls == [] and "aggregate" not in res.profile
-    res = run_online("CartPole-v1", n_clients=2, episodes=40, episodes_per_round=20,
-                     dim=100, encoder="heterogeneous", greedy_episodes=1)
-    assert calls and "aggregate" in res.profile
+                        lambda self, *a, **k: calls.append("compile") or real(self, *a, **k))
+    keys = {"hd-dim": 100, "encoder": "heterogeneous", "num-server-rounds": 2,
+            "eval-episodes": 1, "num-anchors": 50}
+    _app_run(tmp_path / "none", 2, strategy="none", **keys)
+    assert calls == []
+    _app_run(tmp_path / "anchor", 2, strategy="anchor", **keys)
+    assert len(calls) >= 2  # every client compiled the round's teacher
 
 
 def test_n_step_transitions():

@@ -15,8 +15,7 @@ from fedqhd.client.app import app as client_app
 from fedqhd.config import RunConfig
 from fedqhd.envs.batch import CartPoleBatch
 from fedqhd.learners import fqi_online
-from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, run_online_kwargs
-from fedqhd.online import run_online
+from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 
@@ -59,9 +58,9 @@ class TwoActors:
                                               ("anchor", "heterogeneous")])  # kernels, teacher
 def test_online_run_is_the_same_whichever_actor_serves_a_node(tmp_path, monkeypatch,
                                                              strategy, encoder):
-    """Round by round the two-actor run is the bench's in-process run (which the plain
-    in-process app run equals, tests/test_online_app_baselines.py). Before the state
-    lived in context.state, each actor grew its own partial copy of a node."""
+    """Round by round the two-actor run is the plain in-process run (one process serving
+    every message). Before the state lived in context.state, each actor grew its own
+    partial copy of a node."""
     n = 3
     cfg = RunConfig.from_run_config({**KEYS, "strategy": strategy, "encoder": encoder,
                                      "min-nodes": n, "output-dir": str(tmp_path)})
@@ -69,10 +68,13 @@ def test_online_run_is_the_same_whichever_actor_serves_a_node(tmp_path, monkeypa
     _, out = run_federation(InProcessGrid([actors] * n, run_config=cfg.to_run_config()),
                             cfg)
     rounds = json.loads((out / "results.json").read_text())["rounds"]
-    bench = run_online(n_clients=n, episodes=5 * 10, greedy_episodes=1,
-                       **run_online_kwargs(cfg))
+    monkeypatch.setattr(fqi_online, "_CLIENTS", {})
+    plain_cfg = cfg.replace(output_dir=str(tmp_path / "plain"))
+    _, plain_out = run_federation(
+        InProcessGrid([client_app] * n, run_config=plain_cfg.to_run_config()), plain_cfg)
+    plain = json.loads((plain_out / "results.json").read_text())["rounds"]
     app_curve = [r[TRAIN_RETURN_LAST100] for r in rounds]
-    bench_curve = [r["train-return-last100"] for r in bench.rounds]
+    bench_curve = [r[TRAIN_RETURN_LAST100] for r in plain]
     assert min(actors.served) >= 5  # both actors served nodes
     np.testing.assert_allclose(app_curve, bench_curve, rtol=1e-9, atol=0)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 
 import numpy as np
 import pytest
@@ -10,8 +11,11 @@ import pytest
 from fedqhd import online
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
-from fedqhd.envs import batch
-from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100
+from fedqhd.encoders import HETEROGENEOUS_DIMS
+from fedqhd.envs import batch, get_spec
+from fedqhd.learners.base import partition
+from fedqhd.learners.fqi import client_encoder, encoder_scale, shared_encoder
+from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, FQIOnline, _new_client
 from fedqhd.online import ONLINE_SETTINGS
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
@@ -74,23 +78,12 @@ def test_online_keys_are_validated():
     with pytest.raises(ConfigError, match="'protocol' = 'online' needs 'learner' = 'fqi'"):
         RunConfig.from_run_config({"protocol": "online", "learner": "pool",
                                    "env-id": "fedqhd/Inventory-v0"})
-    with pytest.raises(ConfigError, match="online-pessimism"):
-        RunConfig.from_run_config({"protocol": "online", "online-pessimism": -1.0})
-    with pytest.raises(ConfigError, match="online-sweep-tol"):
-        RunConfig.from_run_config({"protocol": "online", "online-sweep-tol": -0.1})
     with pytest.raises(ConfigError, match="online-mc-mix"):
         RunConfig.from_run_config({"protocol": "online", "online-mc-mix": 1.5})
     with pytest.raises(ConfigError, match="online-mc-window"):
         RunConfig.from_run_config({"protocol": "online", "online-mc-window": 0})
     with pytest.raises(ConfigError, match="online-ucb"):
         RunConfig.from_run_config({"protocol": "online", "online-ucb": -1.0})
-    with pytest.raises(ConfigError, match="online-boltzmann"):
-        RunConfig.from_run_config({"protocol": "online", "online-boltzmann": -0.5})
-    with pytest.raises(ConfigError, match="epsilon-until"):
-        RunConfig.from_run_config({"protocol": "online", "epsilon-until": -1})
-    with pytest.raises(ConfigError, match="epsilon-until"):
-        RunConfig.from_run_config({"protocol": "online", "learner": "dqn",
-                                   "online-settings": "manual", "epsilon-until": 500})
     with pytest.raises(ConfigError, match="floor <= start"):
         RunConfig.from_run_config({"epsilon-start": 0.1, "epsilon-floor": 0.5})
 
@@ -106,24 +99,16 @@ def test_online_auto_settings_follow_the_per_task_table():
         assert (cfg.local_iterations, cfg.online_per_episode) == (table["sweeps"],
                                                                   table["per_episode"])
         assert cfg.online_action_gap == table.get("action_gap", 0.0)
-        assert (cfg.online_fuse, cfg.online_n_step) == (table.get("fuse", 0.0),
-                                                        table.get("n_step", 1))
-        assert (cfg.online_gamma_final, cfg.online_gamma_ramp) == (
-            table.get("gamma_final", 0.0), table.get("gamma_ramp", 1))
+        assert cfg.online_n_step == table.get("n_step", 1)
         assert cfg.online_tail == table.get("tail", 0)
-        assert cfg.online_compile_ridge == table.get("compile_ridge", 1.0)
-        assert cfg.online_capacity == table.get("capacity", 0)
         assert (cfg.anchor_source, cfg.num_anchors) == (
             table.get("anchor_source", "rollouts"), table.get("n_anchors", 1000))
         assert cfg.online_act_local == table.get("act_local", False)
-        assert cfg.online_pessimism == table.get("pessimism", 0.0)
-        assert cfg.online_sweep_tol == table.get("sweep_tol", 0.0)
         assert (cfg.online_mc_mix, cfg.online_mc_window) == (table.get("mc_mix", 0.0),
                                                              table.get("mc_window", 100))
         assert cfg.online_ucb == table.get("ucb", 0.0)
-        assert cfg.online_boltzmann == table.get("boltzmann", 0.0)
-        assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor,
-                cfg.epsilon_until) == online.epsilon_tuple(table["epsilon"])
+        assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == tuple(
+            float(v) for v in table["epsilon"][:3])
         assert cfg.episodes_per_round == table["episodes_per_round"]
     # manual keeps the keys as given; the offline protocol never sees the table
     cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
@@ -133,161 +118,201 @@ def test_online_auto_settings_follow_the_per_task_table():
     assert (offline.hd_dim, offline.gamma, offline.local_iterations) == (2000, 0.99, 3)
 
 
-def test_run_online_defaults_are_the_table(monkeypatch):
-    seen = {}
-
-    def fake_init(self, env_id, encoder, **kw):
-        seen.update(kw, dim=encoder.omega_.shape[1])
-        raise RuntimeError("stop")
-
-    monkeypatch.setattr(online.OnlineClient, "__init__", fake_init)
+def test_the_apps_clients_take_the_table():
+    """online-settings = auto builds every client of the app from the task's table: its
+    discount, penalties, transitions per episode, n-step, tail, advantage gap, mixed
+    Monte-Carlo targets, optimism, episodes side by side, its encoder's D (D_i cycled
+    500, 1000, 2000, 5000 under heterogeneous encoders) and default_capacity(D_i) slots."""
     for (env_id, encoder) in [(e, k) for e in ONLINE_SETTINGS
                               for k in ("shared", "heterogeneous")]:
         table = online.online_settings(env_id, encoder)
-        with pytest.raises(RuntimeError, match="stop"):
-            online.run_online(env_id, encoder=encoder)
-        dim = seen["dim"] if encoder == "heterogeneous" else table["dim"]  # D_i cycled
-        assert (seen["dim"], seen["gamma"], seen["ridge"], seen["proximal"]) == (
-            dim, table["gamma"], table["ridge"], table["proximal"])
-        assert seen["per_episode"] == table["per_episode"]
-        assert (seen["fuse"], seen["n_step"], seen["action_gap"]) == (
-            table.get("fuse", 0.0), table.get("n_step", 1), table.get("action_gap", 0.0))
-        assert seen["n_parallel"] == table["episodes_per_round"]
-        assert seen["pessimism"] == table.get("pessimism", 0.0)
-        assert seen["sweep_tol"] == table.get("sweep_tol", 0.0)
-        assert (seen["mc_mix"], seen["mc_window"]) == (table.get("mc_mix", 0.0),
-                                                       table.get("mc_window", 100))
-        assert seen["ucb"] == table.get("ucb", 0.0)
-        assert seen["boltzmann"] == table.get("boltzmann", 0.0)
-        assert seen["capacity"] == (table.get("capacity") or online.default_capacity(dim))
+        cfg = RunConfig.from_run_config({"protocol": "online", "env-id": env_id,
+                                         "encoder": encoder})
+        n_parts = len(HETEROGENEOUS_DIMS) if encoder == "heterogeneous" else 2
+        for pid in range(n_parts):
+            client, _ = _new_client(cfg, pid, n_parts)
+            dim = HETEROGENEOUS_DIMS[pid] if encoder == "heterogeneous" else table["dim"]
+            assert client.encoder is client_encoder(cfg, pid)
+            assert client.dim == dim, (env_id, encoder, pid)
+            assert (client.gamma, client.ridge, client.proximal) == (
+                table["gamma"], table["ridge"], table["proximal"]), (env_id, encoder)
+            assert client.per_episode == table["per_episode"]
+            assert (client.n_step, client.tail, client.action_gap) == (
+                table.get("n_step", 1), table.get("tail", 0), table.get("action_gap", 0.0))
+            assert (client.mc_mix, client.mc_window) == (table.get("mc_mix", 0.0),
+                                                         table.get("mc_window", 100))
+            assert client.ucb == table.get("ucb", 0.0), (env_id, encoder)
+            assert client.n_parallel == table["episodes_per_round"]
+            assert client.capacity == online.default_capacity(dim)
+            if encoder == "shared":
+                assert client.encoder.gamma == table["enc_gamma"]
+            else:  # gamma_i = enc_gamma * U(0.5, 1.5)
+                assert 0.5 <= client.encoder.gamma / table["enc_gamma"] <= 1.5
 
 
+#: where each key of a table's ``heterogeneous`` overrides lands: an attribute of the
+#: app's client, or a RunConfig field (the server's anchors, the epsilon schedule)
+_CLIENT_KEYS = {"gamma": "gamma", "ridge": "ridge", "proximal": "proximal",
+                "mc_mix": "mc_mix", "mc_window": "mc_window", "ucb": "ucb",
+                "action_gap": "action_gap", "n_step": "n_step", "tail": "tail",
+                "per_episode": "per_episode", "episodes_per_round": "n_parallel"}
+_CONFIG_KEYS = {"anchor_source": "anchor_source", "n_anchors": "num_anchors",
+                "act_local": "online_act_local"}
+_LEFT_OUT = {"anchor_source": "rollouts", "n_anchors": 1000, "act_local": False,
+             "ucb": 0.0, "mc_mix": 0.0, "mc_window": 100, "action_gap": 0.0, "n_step": 1,
+             "tail": 0}
 
-def test_a_tasks_heterogeneous_overrides_reach_only_heterogeneous_clients(monkeypatch):
-    """An entry's ``heterogeneous`` dict (Acrobot's proximal, LunarLander's ridge) changes
-    the heterogeneous clients' settings and leaves the shared ones at the entry's values."""
-    seen: dict = {}
 
-    def fake_init(self, env_id, encoder, **kw):
-        seen.update(kw)
-        raise RuntimeError("stop")
-
-    monkeypatch.setattr(online.OnlineClient, "__init__", fake_init)
+def test_a_tasks_heterogeneous_overrides_reach_only_heterogeneous_clients():
+    """An entry's ``heterogeneous`` dict (Acrobot's proximal and anchors, LunarLander's
+    discount and ridge, CartPole's episodes per round) changes the heterogeneous clients
+    of the app and leaves the shared ones at the entry's values."""
     tasks = [e for e, t in ONLINE_SETTINGS.items() if t.get("heterogeneous")]
     assert {"Acrobot-v1", "LunarLander-v3"} <= set(tasks)
     for env_id in tasks:
         entry = ONLINE_SETTINGS[env_id]
         for encoder in ("shared", "heterogeneous"):
-            with pytest.raises(RuntimeError, match="stop"):
-                online.run_online(env_id, encoder=encoder)
+            cfg = RunConfig.from_run_config({"protocol": "online", "env-id": env_id,
+                                             "encoder": encoder})
+            client, _ = _new_client(cfg, 0, 2)
             for key, value in entry["heterogeneous"].items():
-                if key not in ("ridge", "proximal", "gamma", "pessimism"):  # others renamed
-                    continue
-                want = value if encoder == "heterogeneous" else entry[key]
-                assert seen[key] == want, (env_id, encoder, key)
+                want = value if encoder == "heterogeneous" else entry.get(key, _LEFT_OUT.get(key))
+                if key == "epsilon":
+                    got = (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor)
+                    want = tuple(float(v) for v in want[:3])
+                elif key in _CLIENT_KEYS:
+                    got = getattr(client, _CLIENT_KEYS[key])
+                else:
+                    assert key in _CONFIG_KEYS, f"{env_id}: no check for override {key!r}"
+                    got = getattr(cfg, _CONFIG_KEYS[key])
+                assert got == want, (env_id, encoder, key)
     assert ONLINE_SETTINGS["LunarLander-v3"]["ridge"] != (
         ONLINE_SETTINGS["LunarLander-v3"]["heterogeneous"]["ridge"])
 
-def test_a_tasks_capacity_key_sizes_every_clients_buffer(monkeypatch):
-    """The table's ``capacity`` replaces ``min(20000, 1e7 / D_i)`` for every client, in
-    run_online and in the Flower app's config; an explicit argument still wins."""
-    plain = {k: v for k, v in ONLINE_SETTINGS["Acrobot-v1"].items()
-             if k not in ("capacity", "heterogeneous")}
-    entry = {**plain, "capacity": 1234}
-    monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1", entry)
-    res = online.run_online("Acrobot-v1", encoder="heterogeneous", n_clients=4, episodes=2,
-                            episodes_per_round=2, sweeps=1, n_anchors=10,
-                            greedy_episodes=1)
-    assert res.config["capacity"] == [1234] * 4  # D_i 500 ... 5000 alike
-    res = online.run_online("Acrobot-v1", n_clients=2, episodes=2, episodes_per_round=2,
-                            sweeps=1, greedy_episodes=1, capacity=77)
-    assert res.config["capacity"] == [77, 77]
-    cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
-                                     "encoder": "heterogeneous"})
-    assert cfg.online_capacity == 1234
-    monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1", plain)
-    res = online.run_online("Acrobot-v1", encoder="heterogeneous", n_clients=4, episodes=2,
-                            episodes_per_round=2, sweeps=1, n_anchors=10,
-                            greedy_episodes=1)
-    assert res.config["capacity"] == [online.default_capacity(d)
-                                      for d in (500, 1000, 2000, 5000)]
 
-
-def test_a_tasks_anchor_keys_choose_the_anchors_of_run_online_and_the_app(monkeypatch):
+def test_a_tasks_anchor_keys_choose_the_apps_anchors(monkeypatch):
     """The table's ``anchor_source`` / ``n_anchors`` (Acrobot heterogeneous: uniform
-    anchors) pick the anchors run_online builds and the Flower app's anchor keys; other
-    tasks keep 1000 rollout anchors; explicit arguments and manual settings still win."""
+    anchors) pick the anchors the app's server builds and sends (FedQHDAnchor); other
+    tasks and the shared setting keep 1000 rollout anchors; manual settings still win."""
+    from fedqhd.learners import fqi
+    from fedqhd.learners.fqi_online import LEARNER
+
     assert online.online_settings("Acrobot-v1", "heterogeneous")["anchor_source"] == "uniform"
-    asked: list[tuple[str, int]] = []
+    asked: list[tuple[str, str, int]] = []
+    made: list[np.ndarray] = []
+    real = fqi.make_anchors
 
-    def fake_anchors(source, env_id, m, seed, path=""):
-        asked.append((source, m))
-        raise RuntimeError("stop")
+    def spy(source, env_id, m, seed, path=""):
+        asked.append((source, env_id, m))
+        made.append(real(source, env_id, m, seed=seed, path=path))
+        return made[-1]
 
-    monkeypatch.setattr(online, "make_anchors", fake_anchors)
-    for env_id, kw, want in [("Acrobot-v1", {}, ("uniform", 1000)),
-                             ("CartPole-v1", {}, ("rollouts", 1000)),
-                             ("Acrobot-v1", {"anchor_source": "rollouts", "n_anchors": 7},
-                              ("rollouts", 7))]:
-        with pytest.raises(RuntimeError, match="stop"):
-            online.run_online(env_id, encoder="heterogeneous", **kw)
-        assert asked[-1] == want, (env_id, kw)
-    for env_id, encoder, want in [("Acrobot-v1", "heterogeneous", "uniform"),
-                                  ("Acrobot-v1", "shared", "rollouts"),
-                                  ("CartPole-v1", "heterogeneous", "rollouts")]:
-        cfg = RunConfig.from_run_config({"protocol": "online", "env-id": env_id,
-                                         "encoder": encoder})
-        assert (cfg.anchor_source, cfg.num_anchors) == (want, 1000), (env_id, encoder)
-    cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
-                                     "encoder": "heterogeneous", "online-settings": "manual",
-                                     "anchor-source": "rollouts"})
-    assert cfg.anchor_source == "rollouts"
+    monkeypatch.setattr(fqi, "make_anchors", spy)
+
+    def server_anchors(**keys) -> tuple[str, int]:
+        cfg = RunConfig.from_run_config({"protocol": "online", "encoder": "heterogeneous",
+                                         **keys})
+        plan = LEARNER.server_plan(cfg)
+        np.testing.assert_array_equal(plan.strategy.anchors, made[-1])  # what it sends
+        assert asked[-1][1] == cfg.env_id
+        assert plan.run_info["anchors-shape"] == [asked[-1][2], get_spec(cfg.env_id).obs_dim]
+        return asked[-1][0], asked[-1][2]
+
+    assert server_anchors(**{"env-id": "Acrobot-v1"}) == ("uniform", 1000)
+    assert server_anchors(**{"env-id": "CartPole-v1"}) == ("rollouts", 1000)
+    assert server_anchors(**{"env-id": "Acrobot-v1", "online-settings": "manual",
+                             "anchor-source": "rollouts", "num-anchors": 7}) == ("rollouts", 7)
+    # the shared setting averages readouts: no anchors, and the table names none for it
+    shared = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1"})
+    assert (shared.anchor_source, shared.num_anchors) == ("rollouts", 1000)
+    n_made = len(asked)
+    assert C.ANCHORS not in LEARNER.server_plan(shared).initial_arrays
+    assert len(asked) == n_made
     entry = ONLINE_SETTINGS["Acrobot-v1"]
     monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1", {**entry, "n_anchors": 77})
-    with pytest.raises(RuntimeError, match="stop"):
-        online.run_online("Acrobot-v1", encoder="heterogeneous")
-    assert asked[-1] == ("uniform", 77)
-    cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
-                                     "encoder": "heterogeneous"})
-    assert cfg.num_anchors == 77
+    assert server_anchors(**{"env-id": "Acrobot-v1"}) == ("uniform", 77)
 
 
-def test_a_tasks_act_local_key_reaches_run_online():
-    """Acrobot's table sets ``act_local`` (clients collect with their own fit); run_online
-    takes it unless told otherwise, other tasks keep acting with the global readout."""
-    small = dict(n_clients=2, episodes=2, episodes_per_round=2, sweeps=1, greedy_episodes=1)
-    assert online.run_online("Acrobot-v1", **small).config["act_local"] is True
-    assert online.run_online("Acrobot-v1", act_local=False, **small).config["act_local"] is False
-    assert online.run_online("CartPole-v1", **small).config["act_local"] is False
+def _federate(tmp_path, n_clients: int = 2, base: dict | None = None, **keys
+              ) -> tuple[list[dict], InProcessGrid]:
+    """An in-process run: its rounds' rows and its grid (the nodes' contexts)."""
+    cfg = RunConfig.from_run_config({**(SMALL if base is None else base),
+                                     "output-dir": str(tmp_path), **keys})
+    grid = InProcessGrid([client_app] * n_clients, run_config=cfg.to_run_config())
+    final, out_dir = run_federation(grid, cfg)
+    assert final["status"] == "completed", final
+    return json.loads((out_dir / "results.json").read_text())["rounds"], grid
+
+
+def test_a_tasks_act_local_key_makes_the_apps_clients_collect_with_their_own_fit(
+        tmp_path, monkeypatch):
+    """Acrobot's table sets ``act_local`` (readout averaging: each client collects with its
+    own last fit); other tasks act with the global readout. In the app, round 2 of a client
+    collects with its own round-1 fit under online-act-local, and with the average of the
+    round-1 fits (the global readout, the same for every client) without."""
+    assert RunConfig.from_run_config({"protocol": "online",
+                                      "env-id": "Acrobot-v1"}).online_act_local is True
+    assert RunConfig.from_run_config({"protocol": "online",
+                                      "env-id": "CartPole-v1"}).online_act_local is False
+    acted: dict[int, list[np.ndarray]] = defaultdict(list)
+    fitted: dict[int, list[tuple[np.ndarray, int]]] = defaultdict(list)
+    node: dict[str, int] = {}
+    real_train = FQIOnline.train
+    real_collect, real_fit = online.OnlineClient.collect, online.OnlineClient.fit
+
+    def train(self, context, cfg, arrays):
+        node["pid"] = partition(context)[0]
+        return real_train(self, context, cfg, arrays)
+
+    def collect(self, *args, **kwargs):
+        acted[node["pid"]].append(self.readout.copy())
+        return real_collect(self, *args, **kwargs)
+
+    def fit(self, *args, **kwargs):
+        out = real_fit(self, *args, **kwargs)
+        fitted[node["pid"]].append((self.readout.copy(), self.n_transitions))
+        return out
+
+    monkeypatch.setattr(FQIOnline, "train", train)
+    monkeypatch.setattr(online.OnlineClient, "collect", collect)
+    monkeypatch.setattr(online.OnlineClient, "fit", fit)
+    for act_local in (True, False):
+        acted.clear()
+        fitted.clear()
+        _federate(tmp_path / str(act_local), strategy="avg", **{
+            "num-server-rounds": 2, "hd-dim": 60, "online-act-local": act_local,
+            "weight-cap-factor": 0.0})
+        own = [fitted[pid][0][0] for pid in (0, 1)]
+        second = [acted[pid][1] for pid in (0, 1)]
+        assert np.abs(own[0] - own[1]).max() > 1e-6  # two different fits
+        if act_local:
+            for pid in (0, 1):
+                np.testing.assert_array_equal(second[pid], own[pid])
+        else:
+            np.testing.assert_array_equal(second[0], second[1])
+            n = np.array([fitted[pid][0][1] for pid in (0, 1)], dtype=float)
+            np.testing.assert_allclose(second[0], (n[0] * own[0] + n[1] * own[1]) / n.sum(),
+                                       rtol=1e-12, atol=1e-12)
 
 
 def test_a_tasks_obs_scale_key_rescales_every_encoder_alike(monkeypatch):
-    """``obs_scale`` multiplies the task's bounds for the encoders only: run_online's
-    clients and the Flower app's clients (via ``online-obs-scale``) divide by the same
-    scale; bad multipliers are refused with the key named."""
-    from fedqhd.envs import get_spec
-    from fedqhd.learners.fqi import client_encoder
+    """``obs_scale`` multiplies the task's bounds for the encoders only: every client of
+    the app (shared and heterogeneous encoders, via ``online-obs-scale``) and the server's
+    evaluation encoder divide by the same scale; bad multipliers are refused with the key
+    named."""
     scale = (1.0, 1.0, 1.0, 1.0, 0.5, 0.25)
     monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1",
                         {**ONLINE_SETTINGS["Acrobot-v1"], "obs_scale": scale})
     bound = get_spec("Acrobot-v1").obs_bound * np.array(scale)
-    seen = {}
-
-    def fake_init(self, env_id, encoder, **kw):
-        seen["scale"] = encoder.scale_
-        raise RuntimeError("stop")
-
-    with monkeypatch.context() as m:
-        m.setattr(online.OnlineClient, "__init__", fake_init)
-        for encoder in ("shared", "heterogeneous"):
-            with pytest.raises(RuntimeError, match="stop"):
-                online.run_online("Acrobot-v1", encoder=encoder)
-            np.testing.assert_allclose(seen["scale"], bound)
     for encoder in ("shared", "heterogeneous"):
         cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
                                          "encoder": encoder})
         assert cfg.obs_scale == scale
-        np.testing.assert_allclose(client_encoder(cfg, 1).scale_, bound)
+        np.testing.assert_allclose(encoder_scale(cfg), bound)
+        for pid in range(len(HETEROGENEOUS_DIMS)):
+            client, _ = _new_client(cfg, pid, len(HETEROGENEOUS_DIMS))
+            np.testing.assert_allclose(client.encoder.scale_, bound)
+        np.testing.assert_allclose(shared_encoder(cfg).scale_, bound)  # server's evaluation
     # offline runs keep the task's bounds; wrong length or sign is refused
     offline = RunConfig.from_run_config({"env-id": "Acrobot-v1",
                                          "online-obs-scale": "1,1,1,1,0.5,0.25"})
@@ -301,27 +326,31 @@ def test_a_tasks_obs_scale_key_rescales_every_encoder_alike(monkeypatch):
         online.encoder_bound("Acrobot-v1", (1.0, 0.0, 1, 1, 1, 1))
 
 
-def test_lunarlander_default_encoder_tells_a_soft_touchdown_from_a_crash(monkeypatch):
+def test_lunarlander_default_encoder_tells_a_soft_touchdown_from_a_crash():
     """The table's LunarLander ``obs_scale`` narrows the kernel along the velocities: two
     states near the pad that differ only in vertical speed (0.1 vs 0.5, a soft touchdown
-    vs a crash) must look different to the encoder (at the task's full bounds their
-    kernel similarity is ~0.96, so one readout cannot value them apart)."""
-    seen = {}
-
-    def fake_init(self, env_id, encoder, **kw):
-        seen["encoder"] = encoder
-        raise RuntimeError("stop")
-
-    monkeypatch.setattr(online.OnlineClient, "__init__", fake_init)
-    with pytest.raises(RuntimeError, match="stop"):
-        online.run_online("LunarLander-v3", seed=0)
+    vs a crash) must look different to every client's encoder in the app (at the task's
+    full bounds their kernel similarity is ~0.95, so one readout cannot value them
+    apart)."""
     soft = np.array([[0.0, 0.1, 0.0, -0.1, 0.0, 0.0, 0.0, 0.0]])
     crash = soft.copy()
     crash[0, 3] = -0.5
-    phi = seen["encoder"].transform(np.vstack([soft, crash]))
-    similarity = float(phi[0] @ phi[1] / np.linalg.norm(phi[0]) / np.linalg.norm(phi[1]))
-    assert similarity < 0.8
 
+    def similarity(cfg: RunConfig, pid: int) -> float:
+        client, _ = _new_client(cfg, pid, len(HETEROGENEOUS_DIMS))
+        phi = client.encoder.transform(np.vstack([soft, crash]))
+        return float(phi[0] @ phi[1] / np.linalg.norm(phi[0]) / np.linalg.norm(phi[1]))
+
+    for encoder in ("shared", "heterogeneous"):
+        auto = RunConfig.from_run_config({"protocol": "online", "env-id": "LunarLander-v3",
+                                          "encoder": encoder, "seed": 0})
+        full = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
+                                          "env-id": "LunarLander-v3", "encoder": encoder,
+                                          "hd-dim": auto.hd_dim, "bandwidth": auto.bandwidth,
+                                          "seed": 0})
+        for pid in range(len(HETEROGENEOUS_DIMS) if encoder == "heterogeneous" else 1):
+            assert similarity(auto, pid) < 0.8, (encoder, pid)
+            assert similarity(full, pid) > 0.9, (encoder, pid)
 
 @pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
 def test_online_app_runs_with_the_per_task_settings(tmp_path, encoder):
@@ -397,39 +426,16 @@ def test_round_train_return_is_the_papers_plain_mean_over_clients(encoder):
     assert plan.evaluate(plan.initial_arrays)[TRAIN_RETURN_LAST100] == 20.0
 
 
-def test_the_app_and_its_bench_twin_give_clients_the_sweep_tolerance():
-    from fedqhd.learners.fqi_online import _new_client, run_online_kwargs
-    cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
-                                     "online-sweep-tol": 1e-3, "hd-dim": 20})
+def test_manual_keys_reach_the_apps_clients():
+    """online-settings = manual: the app's client takes every learner key as given."""
+    cfg = RunConfig.from_run_config({
+        "protocol": "online", "online-settings": "manual", "hd-dim": 20, "gamma": 0.8,
+        "ridge": 2.0, "proximal": 0.05, "episodes-per-round": 4, "online-per-episode": 7,
+        "online-n-step": 3, "online-tail": 5, "online-action-gap": 0.3,
+        "online-mc-mix": 0.4, "online-mc-window": 30, "online-ucb": 1.5})
     client, _ = _new_client(cfg, 0, 2)
-    assert client.sweep_tol == 1e-3
-    assert run_online_kwargs(cfg)["sweep_tol"] == 1e-3
-
-
-def test_a_table_sweep_tolerance_reaches_the_bench_and_the_app(monkeypatch):
-    """No task sets ``sweep_tol`` today; one that did would reach both."""
-    entry = dict(ONLINE_SETTINGS["CartPole-v1"], sweep_tol=1e-3)
-    monkeypatch.setitem(ONLINE_SETTINGS, "CartPole-v1", entry)
-    cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "CartPole-v1"})
-    assert cfg.online_sweep_tol == 1e-3
-    seen = {}
-
-    def fake_init(self, env_id, encoder, **kw):
-        seen.update(kw)
-        raise RuntimeError("stop")
-
-    monkeypatch.setattr(online.OnlineClient, "__init__", fake_init)
-    with pytest.raises(RuntimeError, match="stop"):
-        online.run_online("CartPole-v1")
-    assert seen["sweep_tol"] == 1e-3
-
-
-def test_the_app_and_its_bench_twin_give_clients_the_monte_carlo_mix():
-    from fedqhd.learners.fqi_online import _new_client, run_online_kwargs
-    cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
-                                     "online-mc-mix": 0.4, "online-mc-window": 30,
-                                     "hd-dim": 20})
-    client, _ = _new_client(cfg, 0, 2)
-    assert (client.mc_mix, client.mc_window) == (0.4, 30)
-    kwargs = run_online_kwargs(cfg)
-    assert (kwargs["mc_mix"], kwargs["mc_window"]) == (0.4, 30)
+    assert (client.dim, client.gamma, client.ridge, client.proximal) == (20, 0.8, 2.0, 0.05)
+    assert (client.n_parallel, client.per_episode, client.n_step, client.tail) == (4, 7, 3, 5)
+    assert (client.action_gap, client.mc_mix, client.mc_window, client.ucb) == (
+        0.3, 0.4, 30, 1.5)
+    assert client.capacity == online.default_capacity(20)

@@ -1,7 +1,7 @@
 """The FedQHD paper's deep baselines: FedAvg-DQN and distillation FedDQN.
 
-A Flower-free numeric core (a Flower ClientApp can drive :class:`DQNClients`
-with ``n_clients=1`` through :meth:`~DQNClients.get_parameters`,
+The Flower-free numeric core of :mod:`fedqhd.learners.dqn` (its ClientApp drives
+:class:`DQNClients` with ``n_clients=1`` through :meth:`~DQNClients.get_parameters`,
 :meth:`~DQNClients.set_parameters`, :meth:`~DQNClients.collect_and_train`,
 :meth:`~DQNClients.q_values` and :meth:`~DQNClients.distill`, and carry it between
 messages with :meth:`~DQNClients.snapshot` / :meth:`~DQNClients.restore`;
@@ -47,9 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from fedqhd.anchors import make_anchors
-from fedqhd.envs import get_spec, make_env, rollout_returns
-from fedqhd.seeding import dqn_batch_rng, dqn_client_rngs, dqn_evaluation_seed, dqn_init_rng
+from fedqhd.envs import get_spec, make_env
+from fedqhd.seeding import dqn_batch_rng, dqn_client_rngs, dqn_init_rng
 
 __all__ = [
     "DQNClients",
@@ -58,30 +57,26 @@ __all__ = [
     "HETERO_WIDTHS",
     "PAPER_HIDDEN",
     "distill_hidden",
-    "fedavg",
     "initial_network",
     "initial_networks",
     "mlp_q",
     "network_shapes",
-    "run_distill_dqn",
-    "run_fedavg_dqn",
 ]
 
 #: the paper's MLP: state-128-256-|A|
 PAPER_HIDDEN: tuple[int, int] = (128, 256)
-#: the paper's FedAvg-DQN protocol settings, as :class:`DQNClients` and
-#: :func:`run_fedavg_dqn` default to them: discount, episodes between aggregations and
-#: epsilon = (start, decay per episode, floor); the Flower app's ``learner = "dqn"`` takes
-#: them under ``online-settings = "auto"``
+#: the paper's FedAvg-DQN protocol settings, as :class:`DQNClients` defaults to them:
+#: discount, episodes between aggregations and epsilon = (start, decay per episode,
+#: floor); the Flower app's ``learner = "dqn"`` takes them under ``online-settings =
+#: "auto"``
 DQN_SETTINGS: dict[str, Any] = dict(gamma=0.99, episodes_per_round=25,
                                     epsilon=(1.0, 0.995, 0.001))
 #: hidden widths cycled over clients in the heterogeneous distillation setting
 #: (none wider than the shared (128, 256), so padding costs no extra compute)
 HETERO_WIDTHS: tuple[tuple[int, int], ...] = ((128, 256), (64, 128), (96, 192), (128, 128),
                                               (48, 96))
-#: the paper's distillation settings, as :func:`run_distill_dqn` defaults to them: anchor
-#: states, softmax temperature, Adam steps per round; the Flower app takes them (its
-#: ``num-anchors`` under ``online-settings = "auto"``)
+#: the paper's distillation settings: anchor states, softmax temperature, Adam steps per
+#: round; the Flower app takes them (its ``num-anchors`` under ``online-settings = "auto"``)
 DISTILL_SETTINGS: dict[str, Any] = dict(n_anchors=200, tau=1.0, distill_steps=10)
 #: distillation settings ("shared": one architecture; "heterogeneous": widths cycled)
 DISTILL_SETTINGS_KINDS: tuple[str, ...] = ("shared", "heterogeneous")
@@ -212,28 +207,6 @@ def mlp_q(params: Sequence[np.ndarray], states: np.ndarray) -> np.ndarray:
     h = np.maximum(np.asarray(states, np.float64) @ w1 + b1, 0.0)
     h = np.maximum(h @ w2 + b2, 0.0)
     return h @ w3 + b3
-
-
-def fedavg(params: Sequence[Sequence[np.ndarray]],
-           weights: Sequence[float] | np.ndarray | None = None
-           ) -> list[np.ndarray]:
-    """Elementwise weighted mean of clients' parameter lists (plain FedAvg).
-
-    ``params[i]`` is client ``i``'s list of arrays (same shapes across clients);
-    ``weights`` default to uniform and are normalised to sum to one.
-    """
-    n = len(params)
-    if n == 0:
-        raise ValueError("fedavg needs at least one client")
-    w = np.full(n, 1.0 / n) if weights is None else np.asarray(weights, dtype=np.float64)
-    if w.shape != (n,) or np.any(w < 0) or w.sum() <= 0:
-        raise ValueError(f"fedavg weights must be {n} non-negative numbers with a positive sum")
-    w = w / w.sum()
-    return [
-        sum(wi * np.asarray(p[k], dtype=np.float64) for wi, p in zip(w, params, strict=True))
-        .astype(np.asarray(params[0][k]).dtype)
-        for k in range(len(params[0]))
-    ]
 
 
 class _Replay:
@@ -598,179 +571,3 @@ class DQNClients:
     def close(self) -> None:
         for env in self.envs:
             env.close()
-
-
-def _app_mean(arrays: Sequence[np.ndarray], weights: np.ndarray | None = None) -> np.ndarray:
-    """The weighted mean (default: uniform) the app's strategies form of the clients'
-    float32 ``arrays`` (:func:`fedqhd.strategies.screening.weighted_mean`, in float64)."""
-    from fedqhd.strategies.screening import weighted_mean
-
-    w = np.ones(len(arrays)) if weights is None else weights
-    return weighted_mean([np.asarray(a, np.float64) for a in arrays], w)
-
-
-def _last100(returns: np.ndarray) -> float:
-    """Mean over clients of each client's mean return over its last 100 episodes."""
-    return float(returns[:, -100:].mean())
-
-
-def _finish(clients: DQNClients, returns, rounds, greedy, t_wall, t_cpu, extra) -> dict:
-    steps = max(clients.step_calls, 1)
-    return {
-        "env-id": clients.env_id,
-        "n-clients": clients.n_clients,
-        "episodes": int(returns.shape[1]),
-        "rounds": rounds,
-        "returns": returns,
-        "train-return-last100": _last100(returns),
-        "greedy-return": float(np.mean(greedy)),
-        "greedy-return-per-client": [float(g) for g in greedy],
-        "wall-s": t_wall,
-        "cpu-s": t_cpu,
-        "transitions": int(clients.transitions.sum()),
-        "lockstep-steps": clients.step_calls,
-        "ms-per-step-call": 1e3 * clients.step_seconds / steps,
-        "ms-env-per-step": 1e3 * clients.env_seconds / steps,
-        **extra,
-    }
-
-
-def run_fedavg_dqn(
-    env_id: str,
-    n_clients: int = 5,
-    episodes: int = 600,
-    aggregate_every: int = 25,
-    seed: int = 42,
-    weighting: str = "uniform",
-    eval_episodes: int = 10,
-    dynamics: dict | Sequence[dict | None] | None = None,
-    verbose: bool = False,
-    as_nodes: bool = False,
-    **dqn_kwargs,
-) -> dict:
-    """FedAvg-DQN in process: all clients start from one network; every
-    ``aggregate_every`` episodes their parameters are averaged (``weighting``
-    "uniform" or "transitions": by env steps collected in the round) and sent back.
-    ``as_nodes=True`` runs what the Flower app runs (``learner = "dqn"``, uniform
-    weighting): every client drawn and computed as a node alone (:class:`DQNClients`),
-    the mean formed as the app's strategy forms it.
-
-    Returns a dict with per-round ``rounds`` (``train-return-last100`` so far),
-    ``returns`` (n_clients, episodes), the final ``train-return-last100``, the
-    global network's ``greedy-return`` over ``eval_episodes`` (episode seeds:
-    :func:`fedqhd.seeding.dqn_evaluation_seed`),
-    ``wall-s``, ``cpu-s`` (``time.process_time``) and per-step costs.
-    """
-    if weighting not in ("uniform", "transitions"):
-        raise ValueError(f"weighting must be uniform or transitions, got {weighting!r}")
-    t_wall, t_cpu = time.perf_counter(), time.process_time()
-    clients = DQNClients(env_id, n_clients, seed, same_init=True, dynamics=dynamics,
-                         as_nodes=as_nodes, **dqn_kwargs)
-    try:
-        chunks: list[Any] = []
-        rounds: list[dict[str, Any]] = []
-        done = 0
-        while done < episodes:
-            k = min(aggregate_every, episodes - done)
-            before = clients.transitions.copy()
-            chunks.append(clients.collect_and_train(k))
-            done += k
-            w = None if weighting == "uniform" else clients.transitions - before
-            params = [clients.get_parameters(i) for i in range(n_clients)]
-            glob = ([_app_mean([p[k] for p in params], w).astype(np.float32)
-                     for k in range(len(params[0]))] if as_nodes else fedavg(params, w))
-            for i in range(n_clients):
-                clients.set_parameters(glob, i)
-            ret = np.concatenate(chunks, axis=1)
-            rounds.append({"round": len(rounds) + 1, "episodes": done,
-                           "train-return-last100": _last100(ret)})
-            if verbose:
-                print(f"round {len(rounds)} episodes {done} last100 {_last100(ret):.1f} "
-                      f"eps {clients.epsilon[0]:.3f} {time.perf_counter() - t_wall:.0f}s",
-                      flush=True)
-        greedy = [rollout_returns(env_id, clients.greedy_policy(0), eval_episodes,
-                                  dqn_evaluation_seed(seed)).mean()]
-        return _finish(clients, ret, rounds, greedy, time.perf_counter() - t_wall,
-                       time.process_time() - t_cpu, {"method": "fedavg-dqn",
-                                                     "weighting": weighting})
-    finally:
-        clients.close()
-
-
-def run_distill_dqn(
-    env_id: str,
-    n_clients: int = 5,
-    episodes: int = 600,
-    aggregate_every: int = 25,
-    seed: int = 42,
-    setting: str = "shared",
-    tau: float = DISTILL_SETTINGS["tau"],
-    distill_steps: int = DISTILL_SETTINGS["distill_steps"],
-    n_anchors: int = DISTILL_SETTINGS["n_anchors"],
-    anchor_source: str = "rollouts",
-    hetero_widths: Sequence[Sequence[int]] = HETERO_WIDTHS,
-    eval_episodes: int = 10,
-    dynamics: dict | Sequence[dict | None] | None = None,
-    verbose: bool = False,
-    anchor_file: str = "",
-    as_nodes: bool = False,
-    **dqn_kwargs,
-) -> dict:
-    """Distillation FedDQN in process: clients keep their own networks; every
-    ``aggregate_every`` episodes the teacher (uniform mean of the clients' Q on
-    ``n_anchors`` server anchor states, :func:`fedqhd.anchors.make_anchors`) is
-    distilled into every client by ``distill_steps`` Adam steps of the KL of
-    softmax(Q / ``tau``).
-
-    ``setting``: "shared" (all clients (128, 256), independent inits) or
-    "heterogeneous" (hidden widths cycled from ``hetero_widths``). The result is
-    as :func:`run_fedavg_dqn`'s, with per-round ``kl-before`` / ``kl-after``
-    (mean over clients), ``greedy-return`` the clients' mean greedy return after
-    the last round and ``greedy-return-before-last-distill`` the same just before
-    that round's distillation.
-
-    ``as_nodes=True`` runs what the Flower app runs (``learner = "dqn"``,
-    ``strategy = "anchor"``, uniform weighting): every client is drawn and computed as a
-    node alone (see :class:`DQNClients`) and the teacher is the float64 mean of the
-    float32 Q-values, as the app's strategy forms it. ``anchor_file``: the anchors'
-    file when ``anchor_source`` is "file".
-    """
-    hidden: Any = [distill_hidden(setting, i, hetero_widths) for i in range(n_clients)]
-    if setting == "shared":
-        hidden = dqn_kwargs.pop("hidden", hidden)
-    t_wall, t_cpu = time.perf_counter(), time.process_time()
-    anchors = make_anchors(anchor_source, env_id, n_anchors, seed, path=anchor_file)
-    clients = DQNClients(env_id, n_clients, seed, hidden=hidden, dynamics=dynamics,
-                         as_nodes=as_nodes, **dqn_kwargs)
-    try:
-        chunks: list[Any] = []
-        rounds: list[dict[str, Any]] = []
-        done = 0
-        while done < episodes:
-            k = min(aggregate_every, episodes - done)
-            chunks.append(clients.collect_and_train(k))
-            done += k
-            if done >= episodes:  # diagnostic: does the last distillation help the policy?
-                before_last = [rollout_returns(env_id, clients.greedy_policy(i), eval_episodes,
-                                               dqn_evaluation_seed(seed)).mean()
-                               for i in range(n_clients)]
-            q = clients.q_values(anchors)
-            teacher = _app_mean(list(q)) if as_nodes else q.mean(axis=0)
-            kl0, kl1 = clients.distill(anchors, teacher, tau, distill_steps)
-            ret = np.concatenate(chunks, axis=1)
-            rounds.append({"round": len(rounds) + 1, "episodes": done,
-                           "train-return-last100": _last100(ret),
-                           "kl-before": float(kl0.mean()), "kl-after": float(kl1.mean())})
-            if verbose:
-                print(f"round {len(rounds)} episodes {done} last100 {_last100(ret):.1f} "
-                      f"kl {kl0.mean():.4f}->{kl1.mean():.4f} "
-                      f"{time.perf_counter() - t_wall:.0f}s", flush=True)
-        greedy = [rollout_returns(env_id, clients.greedy_policy(i), eval_episodes,
-                                  dqn_evaluation_seed(seed)).mean() for i in range(n_clients)]
-        return _finish(clients, ret, rounds, greedy, time.perf_counter() - t_wall,
-                       time.process_time() - t_cpu,
-                       {"method": "distill-dqn", "setting": setting, "tau": tau,
-                        "greedy-return-before-last-distill": float(np.mean(before_last)),
-                        "hidden": [list(h) for h in clients.hidden]})
-    finally:
-        clients.close()

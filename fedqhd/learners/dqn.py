@@ -18,10 +18,8 @@ env copy, one Adam step on a replay minibatch after every env step
   round's evaluation (or its next train if it was not evaluated), and evaluates its own
   network. Settings: :data:`~fedqhd.baselines.dqn.DISTILL_SETTINGS`.
 
-Every reply carries ``train-return-last100``. Same initial networks, exploration and
-minibatch streams and settings as the bench's :func:`~fedqhd.baselines.dqn.run_distill_dqn`
-with ``as_nodes=True`` (:func:`run_distill_kwargs`), which the app equals number for
-number: each node computes with the padded shapes the in-process run uses.
+Every reply carries ``train-return-last100``. The paper suite (``fedqhd bench --suite
+paper``, methods ``fedavg-dqn`` and ``distill-dqn``) runs this app in process.
 
 A node's client (networks, target, both Adam states, replay rows and pointer, RNG
 states, epsilon, counters, episode returns, the last distilled teacher's digest) lives in
@@ -196,21 +194,6 @@ def _adopt(node: DQNNode, cfg: RunConfig, arrays: Arrays, metrics: Metrics) -> b
     node.info = {"teacher-digest": digest}
     metrics.update({DISTILL_KL_BEFORE: float(before[0]), DISTILL_KL_AFTER: float(after[0])})
     return True
-
-
-def run_distill_kwargs(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
-    """The arguments of :func:`fedqhd.baselines.dqn.run_distill_dqn` (the bench) that run
-    what the app runs under ``cfg`` with ``n_clients`` nodes (``episodes`` is the
-    caller's: rounds x ``episodes-per-round``). The app's teacher is the uniform mean
-    only under ``weighting = "uniform"``, as the bench's."""
-    return dict(env_id=cfg.env_id, n_clients=n_clients, aggregate_every=cfg.episodes_per_round,
-                seed=cfg.seed, setting=distill_setting(cfg), n_anchors=cfg.num_anchors,
-                anchor_source=cfg.anchor_source, anchor_file=cfg.anchor_file,
-                eval_episodes=cfg.eval_episodes, gamma=cfg.gamma,
-                eps_start=cfg.epsilon_start, eps_decay=cfg.epsilon_decay,
-                eps_min=cfg.epsilon_floor,
-                dynamics=[_dynamics(cfg, i, n_clients) or None for i in range(n_clients)],
-                as_nodes=True)
 
 
 class DeepBaselines:

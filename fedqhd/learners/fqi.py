@@ -292,10 +292,19 @@ def greedy_return(cfg: RunConfig, encoder: HDEncoder, readout: np.ndarray, party
                   dynamics: dict[str, float] | None = None) -> np.ndarray:
     """Returns of ``eval-episodes`` greedy episodes of ``readout``, on the fixed episode seeds
     of evaluator ``party`` (the server, or a client's partition id), under ``dynamics``.
-    The episodes run side by side, their states encoded together at each step."""
-    return batch_rollout_returns(
-        cfg.env_id, lambda states: np.argmax(encoder.encode(states) @ readout, axis=1),
-        cfg.eval_episodes, seed=evaluation_seed(cfg.seed, party), dynamics=dynamics or None)
+    The episodes run side by side, their states encoded together at each step: online, in
+    the float32 features the clients act with (:meth:`~fedqhd.encoders.HDEncoder.encode32`)."""
+    if cfg.protocol == "online":
+        w32 = np.asarray(readout, dtype=np.float32)
+
+        def policy(states: np.ndarray) -> np.ndarray:
+            return np.argmax(encoder.encode32(states) @ w32, axis=1)
+    else:
+        def policy(states: np.ndarray) -> np.ndarray:
+            return np.argmax(encoder.encode(states) @ readout, axis=1)
+    return batch_rollout_returns(cfg.env_id, policy, cfg.eval_episodes,
+                                 seed=evaluation_seed(cfg.seed, party),
+                                 dynamics=dynamics or None)
 
 
 def readout_evaluator(cfg: RunConfig) -> Callable[[ArrayRecord], MetricRecord]:

@@ -12,8 +12,8 @@ reply carries ``train-return-last100``, the paper's metric: the mean return of
 the client's last 100 training episodes. The numeric core is
 :class:`fedqhd.online.OnlineClient`.
 
-The paper's baselines run in the same app, with the same clients, seeds and
-settings as :func:`fedqhd.online.run_online` in the bench: ``strategy = "none"``
+The paper's baselines run in the same app (the paper suite, :mod:`fedqhd.paper`, runs
+this app in process): ``strategy = "none"``
 (independent learners: FedQHDIndependent, metrics only, each client learns from
 its own readout and evaluates it) and ``strategy = "truncate"``
 (FedQHDTruncate: each client replies its own readout, of its own ``D_i`` under
@@ -23,7 +23,7 @@ rows). Under both, every client evaluates its own policy each round. ``strategy 
 with the global readout, collects and replies its buffer's sufficient statistics
 (:func:`pooled_statistics`) without fitting; the server then asks for one ``phi-y``
 per sweep (:meth:`FQIOnline.pooled_sweep`, message type ``train.pooled_sweep``) and
-solves the pooled fit itself, as :func:`fedqhd.online.pooled_fit` does in the bench.
+solves the pooled fit itself.
 
 A node's state (buffer rows and statistics, counters, readout, episode returns, RNG
 state, the last compiled teacher's digest) lives in its ``context.state``, written after
@@ -204,34 +204,6 @@ def _adopt(client: OnlineClient, cache: dict[str, Any], arrays: Arrays, cfg: Run
         metrics[C.PROJECTION_RESIDUAL] = cache["projection-residual"]
 
 
-#: the in-process bench's ``run_online(aggregate=...)`` of each app strategy
-BENCH_AGGREGATE: dict[str, str | None] = {"avg": "average", "anchor": "anchors",
-                                          "truncate": "truncate", "none": None,
-                                          "pooled": "pooled"}
-
-
-def run_online_kwargs(cfg: RunConfig) -> dict[str, Any]:
-    """The arguments of :func:`fedqhd.online.run_online` (the bench) that run what the app
-    runs under ``cfg``: same clients, seeds and settings (``n_clients`` and ``episodes``
-    are the caller's: the number of nodes, and rounds x ``episodes-per-round``)."""
-    return dict(env_id=cfg.env_id, episodes_per_round=cfg.episodes_per_round,
-                encoder=cfg.encoder, aggregate=BENCH_AGGREGATE[cfg.resolved_strategy],
-                seed=cfg.seed, dim=cfg.hd_dim, enc_gamma=cfg.bandwidth, gamma=cfg.gamma,
-                ridge=cfg.ridge, proximal=cfg.proximal, action_gap=cfg.online_action_gap,
-                n_step=cfg.online_n_step, fuse=cfg.online_fuse,
-                gamma_final=cfg.online_gamma_final, gamma_ramp=cfg.online_gamma_ramp,
-                tail=cfg.online_tail, sweeps=cfg.local_iterations,
-                capacity=cfg.online_capacity or None, per_episode=cfg.online_per_episode,
-                epsilon=(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor,
-                         cfg.epsilon_until),
-                obs_scale=cfg.obs_scale, n_anchors=cfg.num_anchors,
-                anchor_source=cfg.anchor_source, act_local=cfg.online_act_local,
-                compile_ridge=cfg.online_compile_ridge or cfg.ridge,
-                pessimism=cfg.online_pessimism, sweep_tol=cfg.online_sweep_tol,
-                mc_mix=cfg.online_mc_mix, mc_window=cfg.online_mc_window,
-                ucb=cfg.online_ucb, boltzmann=cfg.online_boltzmann)
-
-
 def with_train_return(plan: ServerPlan) -> ServerPlan:
     """``plan`` whose server evaluation adds ``train-return-last100`` as the paper defines
     it, the plain mean over the clients that replied this round (the strategy's round
@@ -325,7 +297,7 @@ class FQIOnline(FQI):
         _adopt(client, cache, arrays, cfg, metrics)
         start = client.readout.copy()
         if cfg.online_act_local and cfg.resolved_strategy == "avg":
-            client.readout = own  # collect with this client's last fit (run_online's act_local)
+            client.readout = own  # collect with its own last fit, as the paper's clients do
         done = len(client.episode_returns)
         schedule = epsilon_schedule(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor,
                                     cfg.epsilon_until)

@@ -63,7 +63,7 @@ def strategy_kwargs(cfg: RunConfig) -> dict[str, Any]:
                 trim_fraction=cfg.trim_fraction, clip_factor=cfg.clip_factor,
                 norm_bound_factor=cfg.norm_bound_factor,
                 weight_cap_factor=cfg.weight_cap_factor, stale_rounds=cfg.stale_rounds,
-                node_wait_timeout=cfg.node_wait_timeout)
+                node_wait_timeout=cfg.node_wait_timeout, evaluate_rounds=cfg.evaluates)
 
 
 def run_status(rows: list[dict[str, Any]], cfg: RunConfig) -> dict[str, Any]:
@@ -132,7 +132,8 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
         if flower_round == 0:
             return None
         server_round = flower_round + done
-        metrics = plan.evaluate(arrays) if plan.evaluate is not None else None
+        metrics = (plan.evaluate(arrays)
+                   if plan.evaluate is not None and cfg.evaluates(server_round) else None)
         row: dict[str, Any] = {"round": server_round}
         for record in (plan.strategy.last_train_metrics,  # type: ignore[attr-defined]
                        plan.strategy.last_evaluate_metrics, metrics):  # type: ignore[attr-defined]

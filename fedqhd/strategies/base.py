@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from typing import Any
 
@@ -63,6 +63,9 @@ class FunctionSpaceStrategy(FedAvg):
     node_wait_timeout : float
         Seconds to wait for ``min_available_nodes`` before a round (Flower's ``FedAvg``
         waits forever); then :class:`NodeWaitTimeout` is raised.
+    evaluate_rounds : callable, optional
+        ``server_round -> bool``: the rounds that send evaluate messages (None: every
+        round with ``fraction_evaluate > 0``).
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class FunctionSpaceStrategy(FedAvg):
         weight_cap_factor: float = 3.0,
         stale_rounds: int = 10,
         node_wait_timeout: float = 300.0,
+        evaluate_rounds: Callable[[int], bool] | None = None,
     ) -> None:
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
@@ -105,6 +109,8 @@ class FunctionSpaceStrategy(FedAvg):
         self.safeguards = Safeguards(aggregation, trim_fraction, clip_factor,
                                      norm_bound_factor, weight_cap_factor)
         self.node_wait_timeout = float(node_wait_timeout)
+        #: which rounds send evaluate messages (None: every round)
+        self.evaluate_rounds = evaluate_rounds
         self.identities = IdentityRegistry(stale_rounds)
         #: the latest aggregated train / evaluate metrics, for per-round reporting
         self.last_train_metrics: MetricRecord | None = None
@@ -167,7 +173,8 @@ class FunctionSpaceStrategy(FedAvg):
                   config: ConfigRecord, grid: Grid, fraction: float, min_nodes: int,
                   message_type: str) -> list[Message]:
         self._sampled[stage] = 0
-        if fraction == 0.0:
+        if fraction == 0.0 or (stage == "evaluate" and self.evaluate_rounds is not None
+                               and not self.evaluate_rounds(server_round)):
             return []
         node_ids = self._sample(grid, fraction, min_nodes)
         log(INFO, "configure_%s: Sampled %s nodes", stage, len(node_ids))

@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from fedqhd.gram import pack_upper, unpack_upper  # noqa: F401 (the GRAM key's packing)
+
 # record names inside a Message's RecordDict
 ARRAYS = "arrays"    #: ArrayRecord: the global model (server -> client) or a reply's arrays
 CONFIG = "config"    #: ConfigRecord: per-round settings sent to clients
@@ -129,36 +131,6 @@ GAP_INFORMED = "gap-informed-percent"  #: evaluate reply: gap of its teacher-inf
 LEDGER_KEYS = (PRIVATE, RHO_SPENT, RHO_BUDGET, DELTA, EPSILON_CKS, EPSILON_EXACT, EPSILON,
                NOISE_SIGMA,
                NOISE_SECURE, NOISE_REPRODUCIBLE, NUM_TRANSITIONS)
-
-
-def pack_upper(grams: np.ndarray) -> np.ndarray:
-    """(k, D, D) symmetric -> (k, D(D+1)/2): the upper triangles, row by row (GRAM), in
-    ``grams``' dtype. One slice copy per row: a fancy-indexed gather took 6x as long at
-    D = 2000, and a node's online state packs its Grams at every train message."""
-    k, dim = grams.shape[0], grams.shape[-1]
-    out = np.empty((k, dim * (dim + 1) // 2), dtype=grams.dtype)
-    pos = 0
-    for i in range(dim):
-        out[:, pos:pos + dim - i] = grams[:, i, i:]
-        pos += dim - i
-    return out
-
-
-def unpack_upper(packed: np.ndarray, dim: int, out: np.ndarray | None = None) -> np.ndarray:
-    """Inverse of :func:`pack_upper`: (k, D(D+1)/2) -> (k, D, D) symmetric, float64
-    (written into ``out`` when given: (k, D, D), any float dtype)."""
-    if packed.shape[-1] != dim * (dim + 1) // 2:
-        raise ValueError(f"{packed.shape[-1]} packed entries are not the upper triangle of "
-                         f"a {dim} x {dim} matrix ({dim * (dim + 1) // 2})")
-    if out is None:
-        out = np.empty((packed.shape[0], dim, dim))
-    pos = 0
-    for i in range(dim):
-        row = packed[:, pos:pos + dim - i]
-        out[:, i, i:] = row
-        out[:, i:, i] = row
-        pos += dim - i
-    return out
 
 
 def to_array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:

@@ -21,13 +21,12 @@ one Flower round:
    (:func:`fedqhd.gram.pooled_solve`, proximal pull toward the round's first readout).
    The last one is the round's global readout, every client's policy next round.
 
-This is the bench's ``run_online(aggregate="pooled")`` (:func:`fedqhd.online.pooled_fit`)
-with the same arithmetic in the same order, so the readouts agree bit for bit where scipy
-is installed. A client whose sweep reply fails or is refused is left out of the round
-(``pooled-dropped``) and the round's sweeps restart from the first readout with the
-others' statistics: the readout is then pooled FQI on the clients that answered. No
-client is screened by norm or weight (the statistics are summed exactly, as in
-:class:`~fedqhd.strategies.FedQHDExact`): a client can move the oracle arbitrarily.
+The paper suite's ``oracle`` runs this strategy. A client whose sweep reply fails or is
+refused is left out of the round (``pooled-dropped``) and the round's sweeps restart
+from the first readout with the others' statistics: the readout is then pooled FQI on
+the clients that answered. No client is screened by norm or weight (the statistics are
+summed exactly, as in :class:`~fedqhd.strategies.FedQHDExact`): a client can move the
+oracle arbitrarily.
 
 Bytes per client and round: the Gram, ``|A| D (D + 1) / 2`` float64 (CartPole at D = 500:
 2.0 MB; D = 1000 with 4 actions: 16 MB), then ``2 D |A|`` float64 per sweep.
