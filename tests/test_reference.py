@@ -55,6 +55,15 @@ class Steps(gym.Env):
         return obs, self.rewards[int(action)], self.t >= self.length, False, {}
 
 
+class FixedSteps(Steps):
+    """Every episode 30 steps long whatever the reset seed: returns differ only by actions."""
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        obs, info = super().reset(seed=seed, options=options)
+        self.length = 30
+        return obs, info
+
+
 class ContinuousSteps(Steps):
     action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
 
@@ -129,6 +138,16 @@ def test_the_same_seed_gives_the_same_numbers_another_seed_others() -> None:
     b = reference_returns("CartPole-v1", n_episodes=10, seed=4)
     assert b.random_mean != a.random_mean and b.constant_means != a.constant_means
     assert b.seed == 4
+
+
+def test_the_random_actions_follow_the_seed(temp_envs) -> None:
+    # episodes that are the same for every seed: only the action draws can differ
+    env_id = temp_envs("test/Fixed-v0", factory=FixedSteps, max_episode_steps=100)
+    a = random_policy_returns(env_id, n_episodes=4, seed=3)
+    np.testing.assert_array_equal(random_policy_returns(env_id, n_episodes=4, seed=3), a)
+    b = random_policy_returns(env_id, n_episodes=4, seed=4)
+    assert not np.array_equal(a, b)
+    assert len(set(a.tolist())) == 4  # and each episode draws its own actions
 
 
 def test_a_random_episode_does_not_depend_on_how_many_are_run() -> None:
