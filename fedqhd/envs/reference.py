@@ -28,14 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from fedqhd.envs.classic import (
-    batch_rollout_returns,
-    episode_seeds,
-    get_spec,
-    iter_episode,
-    make_env,
-    validate_dynamics,
-)
+from fedqhd.envs.batch import batch_rollout_returns
+from fedqhd.envs.classic import episode_seeds, iter_episode, make_env, validate_dynamics
+from fedqhd.envs.registry import get_spec
 
 __all__ = [
     "ReferenceReturns",
