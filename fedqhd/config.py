@@ -13,10 +13,10 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from fedqhd.anchors import ANCHOR_SOURCES
-from fedqhd.baselines.dqn import DISTILL_SETTINGS, DQN_SETTINGS
 from fedqhd.data.partition import PARTITIONS
 from fedqhd.data.shard import MAX_COMPRESSION_RATIO, MAX_TRANSITIONS, VALUE_CHECKS
 from fedqhd.encoders import ENCODER_KINDS
@@ -24,9 +24,10 @@ from fedqhd.envs import env_ids, get_spec, is_registered, load_env_modules
 from fedqhd.envs.inventory import DEMANDS as POOL_DEMANDS
 from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
 from fedqhd.learners import get_learner, learner_names
-from fedqhd.online import ONLINE_SETTINGS, default_capacity, epsilon_tuple, online_settings
+from fedqhd.online import default_capacity
 from fedqhd.pool.api import ZONINGS as POOL_ZONINGS
 from fedqhd.pool.learner import KERNELS
+from fedqhd.presets import OnlineSettings, PresetError, builtin_preset, load_preset, resolve_preset
 from fedqhd.privacy.noise import NOISE_KINDS
 from fedqhd.strategies.base import WEIGHTINGS
 from fedqhd.strategies.screening import AGGREGATIONS
@@ -48,54 +49,19 @@ CLIENT_UPDATES: tuple[str, ...] = ("admm", "proximal")
 FEATURE_DTYPES: tuple[str, ...] = ("float64", "float32")
 #: where the data come from: fixed private shards, or episodes collected every round
 PROTOCOLS: tuple[str, ...] = ("offline", "online")
-#: online protocol: "auto" takes the learner's settings from the per-task table
-#: :data:`fedqhd.online.ONLINE_SETTINGS`; "manual" takes them from the keys
+#: online protocol: "auto" takes the task's preset file (:mod:`fedqhd.presets`), "manual"
+#: the keys as given and the online learner's defaults; any other value is a preset's path
 ONLINE_SETTINGS_MODES: tuple[str, ...] = ("auto", "manual")
-#: what online-settings = "auto" sets: field -> key of the per-task table
-_AUTO_FIELDS: tuple[tuple[str, str], ...] = (
-    ("hd_dim", "dim"), ("bandwidth", "enc_gamma"), ("gamma", "gamma"), ("ridge", "ridge"),
-    ("proximal", "proximal"), ("local_iterations", "sweeps"),
-    ("online_per_episode", "per_episode"), ("online_action_gap", "action_gap"),
-    ("online_fuse", "fuse"), ("online_n_step", "n_step"), ("online_gamma_final", "gamma_final"),
-    ("online_gamma_ramp", "gamma_ramp"), ("episodes_per_round", "episodes_per_round"),
-    ("online_tail", "tail"), ("online_compile_ridge", "compile_ridge"),
-    ("online_capacity", "capacity"), ("anchor_source", "anchor_source"),
-    ("num_anchors", "n_anchors"), ("online_act_local", "act_local"),
-    ("online_pessimism", "pessimism"), ("online_sweep_tol", "sweep_tol"),
-    ("online_mc_mix", "mc_mix"), ("online_mc_window", "mc_window"), ("online_ucb", "ucb"),
-    ("online_boltzmann", "boltzmann"))
-#: what online-settings = "auto" sets for learner dqn (fedqhd.baselines.dqn.DQN_SETTINGS,
-#: DISTILL_SETTINGS)
-_DQN_AUTO_FIELDS: tuple[tuple[str, str], ...] = (("gamma", "gamma"),
-                                                 ("episodes_per_round", "episodes_per_round"),
-                                                 ("num_anchors", "n_anchors"))
-#: table entries a task may leave out, with the value they stand for
-_AUTO_MISSING: dict[str, float | str | bool] = {"action_gap": 0.0, "fuse": 0.0, "n_step": 1,
-                                   "gamma_final": 0.0, "gamma_ramp": 1, "tail": 0,
-                                   "compile_ridge": 1.0, "capacity": 0,
-                                   "anchor_source": "rollouts", "n_anchors": 1000,
-                                   "act_local": False, "pessimism": 0.0, "sweep_tol": 0.0,
-                                   "mc_mix": 0.0, "mc_window": 100, "ucb": 0.0,
-                                   "boltzmann": 0.0}
 
 
 class ConfigError(ValueError):
     """A run-config key has a bad value; the message names the key and the valid range."""
 
 
-def _floats(text: Any) -> tuple[float, ...]:
-    """Comma-separated numbers as a tuple (empty text: none); ``ValueError`` otherwise."""
-    text = str(text).strip()
-    return tuple(float(x) for x in text.split(",")) if text else ()
-
-
-def _float_list(v: Any) -> str | None:
-    try:
-        values = list(_floats(v))
-    except ValueError:
-        values = [-1.0]
-    ok = all(math.isfinite(x) and x > 0 for x in values)
-    return None if ok else "comma-separated positive numbers, or empty"
+def _online_settings(v: Any) -> str | None:
+    if v in ONLINE_SETTINGS_MODES or (isinstance(v, str) and v.endswith(".toml")):
+        return None
+    return "auto, manual, or the path of a preset file (.toml)"
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
@@ -254,82 +220,15 @@ class RunConfig:
         "ceil(online-episodes / episodes-per-round)"))
     episodes_per_round: int = field(default=20, metadata=_key(
         _int_range(1, 100_000), "online: episodes each client collects per round"))
-    epsilon_start: float = field(default=1.0, metadata=_key(
-        _float_range(0.0, 1.0), "online: exploration epsilon of a client's first episode"))
-    epsilon_decay: float = field(default=0.9, metadata=_key(
-        _float_range(0.0, 1.0, lo_open=True), "online: epsilon multiplied by this per episode"))
-    epsilon_floor: float = field(default=0.01, metadata=_key(
-        _float_range(0.0, 1.0), "online: lowest epsilon"))
-    epsilon_until: int = field(default=0, metadata=_key(
-        _int_range(0, 10_000_000), "online: epsilon is 0 from this episode of a client on "
-        "(exploration ends); 0: never"))
     online_settings: str = field(default="auto", metadata=_key(
-        _choice(ONLINE_SETTINGS_MODES), "online: auto = per-task table (fedqhd.online."
-        "ONLINE_SETTINGS) replaces hd-dim, bandwidth, gamma, ridge, proximal, "
-        "local-iterations, episodes-per-round, online-per-episode, online-action-gap, "
-        "online-fuse, online-n-step, online-tail, online-compile-ridge, online-gamma-final, "
-        "online-gamma-ramp, online-capacity, online-obs-scale, online-act-local, "
-        "online-pessimism, online-sweep-tol, online-mc-mix, online-mc-window, online-ucb, "
-        "online-boltzmann, "
-        "anchor-source, num-anchors and epsilon-* "
-        "(set num-server-rounds = episodes / episodes-per-round); learner dqn: the paper's "
-        "gamma, episodes-per-round, epsilon-* and num-anchors; manual = "
-        "the keys as given"))
-    online_capacity: int = field(default=0, metadata=_key(
-        _int_range(0, 10_000_000), "online: transitions a client's regression buffer holds "
-        "(reservoir sampling once full); 0: min(20000, 1e7 / D)"))
-    online_per_episode: int = field(default=20, metadata=_key(
-        _int_range(1, 100_000), "online: at most this many transitions of an episode enter "
-        "the buffer"))
-    online_action_gap: float = field(default=0.0, metadata=_key(
-        _float_range(0.0, 1.0), "online: advantage-learning weight (0: plain FQI)"))
-    online_pessimism: float = field(default=0.0, metadata=_key(
-        _float_range(0.0, 1e9), "online: pessimism of the Bellman targets: each next-state "
-        "action's Q is lowered by this times its ridge posterior std over the prior's "
-        "(relative to the state's best-supported action; primal form only); 0: none"))
-    online_sweep_tol: float = field(default=0.0, metadata=_key(
-        _float_range(0.0, 1.0), "online: stop a round's FQI sweeps once one changes the "
-        "readout by at most this fraction of its norm (fewer sweeps, less CPU); 0: always "
-        "local-iterations sweeps"))
-    online_mc_mix: float = field(default=0.0, metadata=_key(
-        _float_range(0.0, 1.0), "online: weight of the realised discounted return in the "
-        "targets of the transitions from a client's last online-mc-window episodes (mixed "
-        "Monte-Carlo targets); 0: Bellman targets only"))
-    online_ucb: float = field(default=0.0, metadata=_key(
-        _float_range(0.0, 1e9), "online: optimism while collecting: clients act on Q plus "
-        "this times each action's ridge posterior std over the prior's (relative to the "
-        "state's best-supported action; primal form only); 0: epsilon-greedy alone"))
-    online_boltzmann: float = field(default=0.0, metadata=_key(
-        _float_range(0.0, 1e9), "online: Boltzmann exploration while collecting: clients "
-        "sample actions from softmax(Q / this) before epsilon-greedy; 0: greedy on Q"))
-    online_mc_window: int = field(default=100, metadata=_key(
-        _int_range(1, 10_000_000), "online: the mixed Monte-Carlo targets take the returns "
-        "of a client's last this-many episodes"))
-    online_fuse: float = field(default=0.0, metadata=_key(
-        _float_range(0.0, 1e6), "online: per-transition pull of each action's readout "
-        "toward the mean over actions (primal form; 0: independent)"))
-    online_n_step: int = field(default=1, metadata=_key(
-        _int_range(1, 1000), "online: n of the n-step transitions in the buffer"))
-    online_tail: int = field(default=0, metadata=_key(
-        _int_range(0, 100_000), "online: the last this-many transitions of a terminated "
-        "episode enter the buffer first (within online-per-episode)"))
-    online_act_local: bool = field(default=False, metadata=_key(lambda v: None, (
-        "online, strategy avg: each client collects with its own last fit instead of the "
-        "global readout (the paper's clients act with their local models between "
-        "aggregations); the global readout is still what they fit from and what is "
-        "evaluated")))
-    online_compile_ridge: float = field(default=0.0, metadata=_key(
-        _float_range(0.0, 1e9), "online, heterogeneous: ridge of the teacher compilation "
-        "(pull toward the client's own readout); 0: the key 'ridge'"))
-    online_gamma_final: float = field(default=0.0, metadata=_key(
-        _float_range(0.0, 1.0, hi_open=True), "online: discount reached after "
-        "online-gamma-ramp episodes (horizon grows linearly from gamma's); <= gamma: none"))
-    online_gamma_ramp: int = field(default=1, metadata=_key(
-        _int_range(1, 10_000_000), "online: episodes over which the discount grows"))
-    online_obs_scale: str = field(default="", metadata=_key(
-        _float_list, "online: comma-separated per-coordinate multipliers of the task's "
-        "observation bounds for the encoders (the kernel's length scale per coordinate); "
-        "empty: the bounds as they are"))
+        _online_settings, "online: auto = the task's preset (fedqhd/presets/<env-id>.toml; "
+        "learner dqn: dqn.toml), which sets hd-dim, bandwidth, gamma, ridge, proximal, "
+        "local-iterations, episodes-per-round and the learner's own settings, and as many "
+        "rounds as online-episodes take; a path = your own preset file; manual = the keys "
+        "as given and the learner's defaults"))
+    #: the online learner's own settings, from the preset (not a run-config key)
+    online: OnlineSettings = field(default=OnlineSettings(), init=False,
+                                   metadata={"check": lambda v: None, "key": False})
     eval_episodes: int = field(default=10, metadata=_key(_int_range(1, 100_000),
                                                          "greedy episodes per evaluation"))
     eval_every: int = field(default=1, metadata=_key(_int_range(1, 100_000), (
@@ -392,14 +291,9 @@ class RunConfig:
             if problem:
                 raise ConfigError(f"run-config key '{_kebab(f.name)}' = {value!r} is invalid: "
                                   f"expected {problem}")
-        # the keys as given are checked above; the table's values replace them
-        if self.protocol == "online" and self.online_settings == "auto":
-            if self.learner == "dqn":
-                self._set_auto({**DQN_SETTINGS, **DISTILL_SETTINGS}, _DQN_AUTO_FIELDS)
-            elif self.env_id in ONLINE_SETTINGS:
-                table = online_settings(self.env_id, self.encoder)
-                self._set_auto(table, _AUTO_FIELDS, obs_scale=",".join(
-                    repr(float(v)) for v in table.get("obs_scale", ())))
+        # the keys as given are checked above; a preset's values replace them
+        if self.protocol == "online":
+            self._take_preset()
         if self.epsilon_min > self.epsilon_max:
             raise ConfigError(f"run-config keys 'epsilon-min' ({self.epsilon_min}) and "
                               f"'epsilon-max' ({self.epsilon_max}): need min <= max")
@@ -434,21 +328,10 @@ class RunConfig:
         if self.protocol == "online" and self.learner not in ("fqi", "dqn"):
             raise ConfigError(f"run-config key 'protocol' = 'online' needs 'learner' = 'fqi' "
                               f"or 'dqn', got {self.learner!r}")
-        if (self.protocol == "online" and self.online_gamma_final > self.gamma
-                and self.online_n_step > 1):
-            raise ConfigError("run-config key 'online-gamma-final' (a discount schedule) "
-                              "needs 'online-n-step' = 1")
-        if self.obs_scale and len(self.obs_scale) != get_spec(self.env_id).obs_dim:
-            raise ConfigError(f"run-config key 'online-obs-scale' = {self.online_obs_scale!r} "
+        if self.online.obs_scale and len(self.online.obs_scale) != get_spec(self.env_id).obs_dim:
+            raise ConfigError(f"online setting 'obs-scale' = {list(self.online.obs_scale)} "
                               f"needs {get_spec(self.env_id).obs_dim} multipliers for "
-                              f"{self.env_id}, got {len(self.obs_scale)}")
-        if self.epsilon_floor > self.epsilon_start:
-            raise ConfigError(f"run-config keys 'epsilon-floor' ({self.epsilon_floor}) and "
-                              f"'epsilon-start' ({self.epsilon_start}): need floor <= start")
-        if self.epsilon_until and self.learner == "dqn":
-            raise ConfigError(f"run-config key 'epsilon-until' = {self.epsilon_until} needs "
-                              "'learner' = 'fqi' (the DQN baselines keep the paper's "
-                              "schedule), or 0")
+                              f"{self.env_id}, got {len(self.online.obs_scale)}")
         if self.resume_from and (self.protocol == "online" or self.learner != "fqi"):
             raise ConfigError(
                 f"run-config key 'resume-from' needs 'learner' = 'fqi' and 'protocol' = "
@@ -480,37 +363,57 @@ class RunConfig:
             raise ConfigError("run-config key 'strategy' = 'pooled' sums sufficient "
                               "statistics exactly: 'aggregation' must be 'mean', got "
                               f"{self.aggregation!r}")
-        if self.online_fuse:
-            raise ConfigError("run-config key 'strategy' = 'pooled' needs 'online-fuse' = 0 "
-                              f"(the oracle fits every action alone), got {self.online_fuse}")
-        capacity = self.online_capacity or default_capacity(self.hd_dim)
+        capacity = default_capacity(self.hd_dim)
         if self.hd_dim > capacity:
             raise ConfigError(f"run-config key 'strategy' = 'pooled' needs 'hd-dim' <= the "
                               f"buffer's capacity (primal Grams), got hd-dim {self.hd_dim} "
-                              f"and capacity {capacity} (online-capacity)")
+                              f"and capacity {capacity} (min(20000, 1e7 / hd-dim))")
 
-    def _set_auto(self, table: Mapping[str, Any], fields_: tuple[tuple[str, str], ...],
-                  obs_scale: str | None = None) -> None:
-        """Take an online settings table: ``fields_`` (field, table key), the epsilon
-        schedule, ``obs_scale`` (FQI), and as many rounds as ``online-episodes`` take. A
-        key given with a value other than its default and the table's is refused: the
-        table would replace it without a word."""
-        values = {name: table.get(key, _AUTO_MISSING.get(key)) for name, key in fields_}
-        values.update(zip(("epsilon_start", "epsilon_decay", "epsilon_floor", "epsilon_until"),
-                          epsilon_tuple(table["epsilon"]), strict=True))
-        if obs_scale is not None:
-            values["online_obs_scale"] = obs_scale
-        values = {name: type(getattr(self, name))(v) for name, v in values.items()}
-        replaced = [f"'{_kebab(name)}' = {getattr(self, name)!r} (auto: {v!r})"
+    def _take_preset(self) -> None:
+        """Take the online settings ``online-settings`` names: a preset's run-config keys
+        (refused when given with another value: the preset would replace them without a
+        word), its learner settings, and as many rounds as ``online-episodes`` take."""
+        if self.online_settings == "manual":
+            return
+        if self.online_settings == "auto":
+            path = builtin_preset("dqn" if self.learner == "dqn" else self.env_id)
+            if path is None:  # an env nobody tuned: the learner's defaults, for now
+                return
+        else:
+            path = Path(self.online_settings).expanduser()
+        try:
+            run_keys, settings = resolve_preset(load_preset(path), self.encoder,
+                                                f"preset {path}")
+        except PresetError as exc:
+            raise ConfigError(f"run-config key 'online-settings' = {self.online_settings!r}: "
+                              f"{exc}") from None
+        by_key = {_kebab(f.name): f for f in fields(self)}
+        values: dict[str, Any] = {}
+        for key, value in run_keys.items():
+            f = by_key[key]
+            try:
+                value = _coerce(key, value, type(f.default))
+            except ConfigError:
+                raise ConfigError(f"preset {path}: key '{key}' = {value!r} has type "
+                                  f"{type(value).__name__}, expected "
+                                  f"{type(f.default).__name__}") from None
+            problem = f.metadata["check"](value)
+            if problem:
+                raise ConfigError(f"preset {path}: key '{key}' = {value!r} is invalid: "
+                                  f"expected {problem}")
+            values[f.name] = value
+        replaced = [f"'{_kebab(name)}' = {getattr(self, name)!r} (preset: {v!r})"
                     for name, v in values.items()
                     if getattr(self, name) not in (v, _field_default(name))]
         if replaced:
             raise ConfigError(
-                f"run-config key(s) {', '.join(replaced)} would be replaced by the task's "
-                f"settings under 'online-settings' = 'auto': leave them out, or set "
-                f"'online-settings' = 'manual' to take every key as given")
+                f"run-config key(s) {', '.join(replaced)} would be replaced by the preset "
+                f"{path} under 'online-settings' = {self.online_settings!r}: leave them out, "
+                "set them in your own preset file, or set 'online-settings' = 'manual' to "
+                "take every key as given")
         for name, v in values.items():
             object.__setattr__(self, name, v)
+        object.__setattr__(self, "online", settings)
         # the paper's protocol is counted in episodes: as many rounds as they take; a
         # num-server-rounds other than its default that disagrees is a mistake, not a wish
         rounds = math.ceil(self.online_episodes / self.episodes_per_round)
@@ -518,10 +421,10 @@ class RunConfig:
         if given not in (rounds, _field_default("num_server_rounds")):
             raise ConfigError(
                 f"run-config key 'num-server-rounds' = {given} disagrees with "
-                f"'online-settings' = 'auto', which runs ceil(online-episodes / "
-                f"episodes-per-round) = ceil({self.online_episodes} / "
+                f"'online-settings' = {self.online_settings!r}, which runs "
+                f"ceil(online-episodes / episodes-per-round) = ceil({self.online_episodes} / "
                 f"{self.episodes_per_round}) = {rounds} rounds (episodes-per-round of the "
-                f"auto settings): set 'online-episodes' = {given * self.episodes_per_round}"
+                f"preset): set 'online-episodes' = {given * self.episodes_per_round}"
                 f" for {given} rounds, or 'online-settings' = 'manual'")
         object.__setattr__(self, "num_server_rounds", rounds)
 
@@ -533,11 +436,6 @@ class RunConfig:
     def learner_key(self) -> str:
         """The registry entry of this run: the learner, under its protocol."""
         return "fqi-online" if self.learner == "fqi" and self.protocol == "online" else self.learner
-
-    @property
-    def obs_scale(self) -> tuple[float, ...]:
-        """``online-obs-scale`` as numbers (empty: none)."""
-        return _floats(self.online_obs_scale)
 
     @property
     def resolved_strategy(self) -> str:
@@ -553,7 +451,7 @@ class RunConfig:
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
         """Parse Flower's run config: unknown keys and wrong types are errors. The
         ``env-module`` is imported first (it may register the ``env-id``)."""
-        by_key = {_kebab(f.name): f for f in fields(cls)}
+        by_key = {_kebab(f.name): f for f in run_config_fields()}
         unknown = sorted(set(run_config) - set(by_key))
         if unknown:
             raise ConfigError(f"unknown run-config key(s) {unknown}; valid keys: "
@@ -565,14 +463,24 @@ class RunConfig:
         return cls(**kwargs)
 
     def to_run_config(self) -> dict[str, Any]:
-        """The kebab-case dict (what ``run_config.json`` records)."""
-        return {_kebab(k): v for k, v in dataclasses.asdict(self).items()}
+        """The run-config keys as a kebab-case dict (what a run is started with)."""
+        return {_kebab(f.name): getattr(self, f.name) for f in run_config_fields()}
+
+    def record(self) -> dict[str, Any]:
+        """The run-config keys and the online learner's settings (``online``), what
+        ``run_config.json`` records."""
+        return {**self.to_run_config(), "online": self.online.to_dict()}
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_run_config(), indent=2, sort_keys=True)
+        return json.dumps(self.record(), indent=2, sort_keys=True)
+
+
+def run_config_fields() -> list[dataclasses.Field]:
+    """The fields of :class:`RunConfig` that are run-config keys."""
+    return [f for f in fields(RunConfig) if f.metadata.get("key", True)]
 
 
 def _field_default(name: str) -> Any:

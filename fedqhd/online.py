@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import warnings
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -62,12 +61,7 @@ __all__ = [
     "Timer",
     "collect_many",
     "default_capacity",
-    "discount_schedule",
     "epsilon_schedule",
-    "epsilon_tuple",
-    "ONLINE_SETTINGS",
-    "encoder_bound",
-    "online_settings",
 ]
 
 
@@ -95,46 +89,16 @@ _NO_TIMER = Timer()
 # --------------------------------------------------------------------------- learning
 
 
-def epsilon_schedule(start: float = 1.0, decay: float = 0.97, floor: float = 0.01,
-                     until: int = 0) -> Callable[[np.ndarray], np.ndarray]:
-    """``episode -> max(floor, start * decay**episode)`` (episodes counted per client),
-    and 0 from episode ``until`` on when ``until > 0``: exploration ends there (a floor
-    that keeps a task learning costs the training episodes the paper's metric counts;
-    0: never)."""
-    if until < 0:
-        raise ValueError(f"epsilon's until must be >= 0, got {until}")
+def epsilon_schedule(start: float = 1.0, decay: float = 0.97, floor: float = 0.01
+                     ) -> Callable[[np.ndarray], np.ndarray]:
+    """``episode -> max(floor, start * decay**episode)`` (episodes counted per client)."""
 
     def schedule(episode: np.ndarray) -> np.ndarray:
-        episode = np.asarray(episode, dtype=float)
-        eps = np.maximum(floor, start * decay ** episode)
-        return np.where(episode >= until, 0.0, eps) if until > 0 else eps
+        return np.maximum(floor, start * decay ** np.asarray(episode, dtype=float))
     return schedule
 
 
-def epsilon_tuple(epsilon: Sequence[float]) -> tuple[float, float, float, int]:
-    """``(start, decay, floor[, until])`` as four numbers (``until`` 0 when left out)."""
-    values = list(epsilon)
-    if len(values) not in (3, 4):
-        raise ValueError(f"epsilon is (start, decay, floor[, until]), got {epsilon!r}")
-    until = values[3] if len(values) == 4 else 0
-    if until != int(until) or until < 0:
-        raise ValueError(f"epsilon's until must be a whole number >= 0, got {until!r}")
-    return float(values[0]), float(values[1]), float(values[2]), int(until)
-
-
-def discount_schedule(gamma: float, final: float = 0.0, ramp: int = 1
-                      ) -> Callable[[int], float]:
-    """``episodes done -> discount``: ``gamma`` throughout when ``final <= gamma``, else
-    the horizon ``1 / (1 - discount)`` grows linearly from ``gamma``'s to ``final``'s over
-    the first ``ramp`` episodes (a short horizon learns to balance first, a long one then
-    learns to avoid slow failures such as CartPole's cart drift)."""
-    if final <= gamma:
-        return lambda done: float(gamma)
-    h0, h1 = 1.0 / (1.0 - gamma), 1.0 / (1.0 - final)
-    return lambda done: float(1.0 - 1.0 / (h0 + (h1 - h0) * min(1.0, done / max(ramp, 1))))
-
-
-#: seed of the probes of :meth:`OnlineClient.uncertainty_penalty`
+#: seed of the probes of :meth:`OnlineClient.exploration_bonus`
 _PROBE_SEED = 20261130
 
 
@@ -216,18 +180,6 @@ class OnlineClient:
         by ``action_gap * (max_b Q(s, b) - Q(s, a))`` under the readout the sweep starts
         from, which widens the gap between the greedy and the other actions and makes
         the greedy policy less sensitive to regression error. 0: plain FQI.
-    pessimism : float
-        Pessimistic targets (the lower-confidence-bound idea of offline RL, Jin et al.
-        2021): before the max over next actions each ``Q(s', b)`` is lowered by
-        ``pessimism`` times the ridge posterior's std of that value over the prior's, less
-        the smallest over ``b`` (:meth:`uncertainty_penalty`), so an action the buffer
-        hardly supports at ``s'`` cannot carry an optimistic value back. Primal form only
-        (a dual-form client, ``D`` above its capacity, fits without it); not with
-        ``fuse``. 0: plain max.
-    fuse : float
-        Fused penalty ``fuse * n * sum_a ||w_a - mean_b w_b||^2`` (primal form only):
-        an action rarely taken in some region borrows the other actions' readout there
-        instead of keeping a stale or shrunk value. 0: actions fitted independently.
     tail : int
         Of each episode that terminated, its last ``tail`` transitions enter the buffer
         first (within ``per_episode``): the failures of a good policy stay in the data.
@@ -254,7 +206,7 @@ class OnlineClient:
         min_b u_b(s))``, ``u_a(s) = sqrt(c_a phi^T (G_a + c_a I)^-1 phi)`` the ridge
         posterior's standard deviation of ``Q(s, a)`` over the prior's (1 where the buffer
         has nothing like ``(s, a)``, toward 0 where it is dense; 16 Gaussian probes of each
-        action's factored system, as ``pessimism`` estimates it). Epsilon-greedy tries an
+        action's factored system). Epsilon-greedy tries an
         action at random; this tries the actions the data have not seen where the policy
         goes, and the bonus fades by itself as they are seen. Once epsilon has decayed the
         data hold only the greedy actions, so FQI's values of the others are extrapolated
@@ -263,25 +215,6 @@ class OnlineClient:
         only (a greedy evaluation acts on ``Q``); primal form only (in the dual form the
         posterior at a state would cost a pass over the buffer: those clients act on
         ``Q``). 0: off.
-    boltzmann : float
-        Boltzmann exploration while collecting: the client samples its action from
-        ``softmax(Q(s, .) / boltzmann)`` (the Gumbel-max trick: the argmax of ``Q`` plus
-        ``boltzmann`` times standard Gumbel noise, drawn from the client's generator), and
-        epsilon-greedy then replaces it with a uniform action at the schedule's rate.
-        Epsilon-greedy explores as much where one action is clearly best as where the
-        actions are nearly equal; a temperature explores where they are nearly equal and
-        rarely where a wrong action costs much (LunarLander: a random thrust near the ground
-        crashes), so the training episodes, the paper's metric, could pay less for it
-        (measured on LunarLander, they did not: no table entry sets it; BENCHMARKS.md,
-        "Twelfth round"). Training episodes only (a greedy evaluation acts on ``Q``). 0: off
-        (no draws).
-    sweep_tol : float
-        Stop :meth:`fit`'s sweeps early once a sweep changes the readout by at most
-        ``sweep_tol`` of its norm (Frobenius); the readout is then the last sweep's, as
-        with that many sweeps asked for. Fits warm-started from last round's readout
-        settle within a few sweeps (Acrobot: a relative change of ~1e-3 after 6 of 10),
-        so this cuts the sweeps' cost, which is most of a run's CPU at D = 1000. 0: always
-        the full count. The sweeps run are counted in ``sweeps_run``.
     per_episode : int
         At most this many transitions of each episode enter the buffer.
     n_parallel : int
@@ -296,10 +229,8 @@ class OnlineClient:
 
     def __init__(self, env_id: str, encoder: HDEncoder, *, gamma: float = 0.99,
                  ridge: float = 1.0, proximal: float = 0.01, action_gap: float = 0.0,
-                 fuse: float = 0.0, n_step: int = 1, tail: int = 0,
-                 capacity: int = 20000, pessimism: float = 0.0, sweep_tol: float = 0.0,
+                 n_step: int = 1, tail: int = 0, capacity: int = 20000,
                  mc_mix: float = 0.0, mc_window: int = 100, ucb: float = 0.0,
-                 boltzmann: float = 0.0,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
                  dynamics: dict[str, float] | None = None, form: str = "auto") -> None:
         spec = get_spec(env_id)
@@ -308,35 +239,20 @@ class OnlineClient:
         self.max_steps = spec.max_episode_steps
         self.gamma, self.ridge, self.proximal = float(gamma), float(ridge), float(proximal)
         self.action_gap = float(action_gap)
-        self.pessimism = float(pessimism)
-        self.sweep_tol = float(sweep_tol)
-        if not self.sweep_tol >= 0:
-            raise ValueError(f"sweep_tol must be >= 0, got {sweep_tol}")
         self.mc_mix, self.mc_window = float(mc_mix), int(mc_window)
         if not 0.0 <= self.mc_mix <= 1.0 or self.mc_window < 1:
             raise ValueError(f"mc_mix must be in [0, 1] and mc_window >= 1; got "
                              f"mc_mix={mc_mix}, mc_window={mc_window}")
-        self.boltzmann = float(boltzmann)
-        if not (math.isfinite(self.boltzmann) and self.boltzmann >= 0):
-            raise ValueError(f"boltzmann must be finite and >= 0, got {boltzmann}")
         self.ucb = float(ucb)
         if not (math.isfinite(self.ucb) and self.ucb >= 0):
             raise ValueError(f"ucb must be finite and >= 0, got {ucb}")
-        if self.ucb > 0 and fuse > 0:
-            raise ValueError("ucb needs fuse = 0 (the fused fit factors other systems)")
         #: per action, ``(c_a, L_a^-T Z)`` of the factored system the probes of ``ucb`` read,
         #: for the buffer as it is (None: to factor again; :meth:`exploration_bonus`)
         self._posterior: list[tuple[float, np.ndarray]] | None = None
-        #: FQI sweeps run by :meth:`fit` so far (fewer than asked for with ``sweep_tol``)
-        self.sweeps_run = 0
         self.n_step = int(n_step)
-        self.fuse = float(fuse)
         self.tail = int(tail)
         if self.n_step < 1:
             raise ValueError(f"n_step must be >= 1, got {n_step}")
-        if self.pessimism < 0 or (self.pessimism > 0 and self.fuse > 0):
-            raise ValueError(f"pessimism must be >= 0 and does not combine with fuse; got "
-                             f"pessimism={pessimism}, fuse={fuse}")
         self.dim = int(encoder.omega_.shape[1])
         self.capacity, self.per_episode = int(capacity), int(per_episode)
         if form == "auto":
@@ -344,9 +260,6 @@ class OnlineClient:
         if form not in ("primal", "dual"):
             raise ValueError(f"form must be auto, primal or dual, got {form!r}")
         self.form = form
-        if self.pessimism > 0 and form == "dual":
-            warnings.warn(f"a client with D = {self.dim} above its {self.capacity} buffer "
-                          "slots fits in the dual form, without pessimism", stacklevel=2)
         self.rng = online_client_rng(seed)
         self.env = make_batch_env(env_id, int(n_parallel), self.rng, dynamics)
         self.n_parallel = int(n_parallel)
@@ -568,17 +481,11 @@ class OnlineClient:
     # ----------------------------------------------------------------- fitting
 
     def targets(self, readout: np.ndarray,
-                reward_range: tuple[float, float] | None = None,
-                penalty: np.ndarray | None = None) -> np.ndarray:
+                reward_range: tuple[float, float] | None = None) -> np.ndarray:
         """Bellman targets of the buffer under ``readout``, clipped to the value range of
-        ``reward_range`` (default: this buffer's rewards' [min, max]). ``penalty``
-        ``(size, |A|)`` is subtracted from the next states' Q-values before the max
-        (:meth:`uncertainty_penalty`)."""
+        ``reward_range`` (default: this buffer's rewards' [min, max])."""
         n = self.size
-        next_q = self.next_features[:n] @ readout.astype(np.float32)
-        if penalty is not None:
-            next_q -= penalty
-        best = next_q.max(axis=1)
+        best = (self.next_features[:n] @ readout.astype(np.float32)).max(axis=1)
         lo, hi = (self.r_min, self.r_max) if reward_range is None else reward_range
         q_range = value_range(np.array([lo, hi]), self.gamma)
         y = bellman_targets(self.rewards[:n], self.continues[:n], best, self.gamma, q_range)
@@ -636,8 +543,6 @@ class OnlineClient:
         n = self.size
         acts = self.actions[:n]
         rows = [np.flatnonzero(acts == a) for a in range(self.n_actions)]
-        if self.fuse > 0 and self.form == "primal":
-            return self._fit_fused(sweeps, readout, prior, rows)
         with self.timer("factor"):
             systems: list[tuple[float, float, Any]] = []
             if self.form == "primal":
@@ -650,19 +555,14 @@ class OnlineClient:
                     g[np.diag_indices_from(g)] += c
                     systems.append((mu, c, cho_factor(g, lower=True, check_finite=False)
                                     if len(g) else None))
-        penalty = None
-        if (self.ucb > 0 or self.pessimism > 0) and self.form == "primal":
-            with self.timer("uncertainty"):  # one set of probes for both
-                posterior = _posterior_probes(systems, self.dim)
-                if self.ucb > 0:
-                    self._posterior = posterior
-                if self.pessimism > 0:
-                    penalty = self.uncertainty_penalty(systems, posterior=posterior)
+        if self.ucb > 0 and self.form == "primal":
+            with self.timer("uncertainty"):
+                self._posterior = _posterior_probes(systems, self.dim)
         with self.timer("sweeps"):
             onehot = self._onehot()
             feats = self.features[:n]
             for _ in range(sweeps):
-                y = self.targets(readout, penalty=penalty)
+                y = self.targets(readout)
                 new = np.empty_like(readout)
                 if self.form == "primal":
                     rhs = primal_rhs(feats, onehot, y)
@@ -677,40 +577,15 @@ class OnlineClient:
                         resid = y[rows[a]] - fa @ shrunk.astype(np.float32)
                         alpha = cho_solve(fac, resid, check_finite=False)
                         new[:, a] = shrunk + fa.T @ alpha.astype(np.float32)
-                settled = self._settled(new, readout)
                 readout = new
-                if settled:
-                    break
         self.readout = readout
         return readout
-
-    def _settled(self, new: np.ndarray, old: np.ndarray) -> bool:
-        """Count one sweep; true when ``sweep_tol`` says the fit may stop at ``new``."""
-        self.sweeps_run += 1
-        return bool(self.sweep_tol > 0
-                    and np.linalg.norm(new - old) <= self.sweep_tol * np.linalg.norm(new))
 
     def primal_systems(self) -> list[PrimalSystem]:
         """Each action's factored system ``G_a + (ridge + proximal n_a) I`` (primal form)."""
         counts = self.action_counts()
         return [primal_system(self.gram[a], self.ridge, self.proximal * int(counts[a]))
                 for a in range(self.n_actions)]
-
-    def uncertainty_penalty(self, systems: Sequence[PrimalSystem], probes: int = 16,
-                            posterior: Sequence[tuple[float, np.ndarray]] | None = None
-                            ) -> np.ndarray:
-        """``pessimism * (u_b(s') - min_c u_c(s'))`` for every buffered next state ``s'``
-        and action ``b``, ``u_b = sqrt(c_b phi^T (G_b + c_b I)^-1 phi)``: the ridge
-        posterior's standard deviation of ``Q(s', b)`` over the prior's (1 where the data
-        add nothing, toward 0 where they are dense), estimated with ``probes`` Gaussian
-        probes of each factor (a fixed stream, so fits are reproducible). Relative to the
-        state's best-supported action: an absolute penalty on every bootstrapped value
-        would make ending an episode, which does not bootstrap, look good. ``posterior``:
-        the probes of ``systems`` already taken (:func:`_posterior_probes`)."""
-        if posterior is None:
-            posterior = _posterior_probes(systems, self.dim, probes)
-        out = _relative_std(self.next_features[:self.size], posterior)
-        return self.pessimism * out
 
     def exploration_bonus(self, features: np.ndarray) -> np.ndarray | None:
         """``ucb * (u_a(s) - min_b u_b(s))`` at float32 ``features`` ``(n, D)`` (see
@@ -722,44 +597,6 @@ class OnlineClient:
         if self._posterior is None:  # (inside the caller's "act" section of the profile)
             self._posterior = _posterior_probes(self.primal_systems(), self.dim)
         return self.ucb * _relative_std(features, self._posterior)
-
-    def _fit_fused(self, sweeps: int, readout: np.ndarray, prior: np.ndarray,
-                   rows: list[np.ndarray]) -> np.ndarray:
-        """Primal sweeps with the fused penalty ``kappa sum_a ||w_a - mean_b w_b||^2``
-        (``kappa = fuse * n``) beside each action's ridge and proximal terms. Normal
-        equations ``M_a w_a - kappa wbar = r_a`` with ``M_a = G_a + (c_a + kappa) I``:
-        ``wbar`` solves ``(I - kappa/A sum_a M_a^-1) wbar = 1/A sum_a M_a^-1 r_a``."""
-        n, n_act, dim = self.size, self.n_actions, self.dim
-        kappa = self.fuse * n
-        with self.timer("factor"):
-            facs, mus, inv_sum = [], [], np.zeros((dim, dim))
-            for a in range(n_act):
-                mu = self.proximal * len(rows[a])
-                m = self.gram[a].copy()
-                m[np.diag_indices_from(m)] += self.ridge + mu + kappa
-                fac = cho_factor(m, lower=True, check_finite=False)
-                facs.append(fac)
-                mus.append(mu)
-                inv_sum += cho_solve(fac, np.eye(dim), check_finite=False)
-            s_mat = np.eye(dim) - (kappa / n_act) * inv_sum
-            s_fac = cho_factor((s_mat + s_mat.T) / 2, lower=True, check_finite=False)
-        with self.timer("sweeps"):
-            onehot = self._onehot()
-            feats = self.features[:n]
-            for _ in range(sweeps):
-                rhs = primal_rhs(feats, onehot, self.targets(readout))
-                rhs += prior * np.asarray(mus)[None, :]
-                z = np.stack([cho_solve(facs[a], rhs[:, a], check_finite=False)
-                              for a in range(n_act)], axis=1)
-                wbar = cho_solve(s_fac, z.mean(axis=1), check_finite=False)
-                new = np.stack([z[:, a] + kappa * cho_solve(facs[a], wbar, check_finite=False)
-                                for a in range(n_act)], axis=1)
-                settled = self._settled(new, readout)
-                readout = new
-                if settled:
-                    break
-        self.readout = readout
-        return readout
 
     # ----------------------------------------------------------------- acting and federation
 
@@ -843,9 +680,6 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
                     bonus = cl.exploration_bonus(feats[off:off + b]) if append else None
                     if bonus is not None:
                         q += bonus
-                    if append and cl.boltzmann > 0:  # Gumbel-max: a softmax(Q / T) draw
-                        q += np.float32(cl.boltzmann) * cl.rng.gumbel(size=q.shape).astype(
-                            np.float32)
                     off += b
                     act = q.argmax(axis=1)
                     explore = cl.rng.random(b) < eps[c][np.minimum(s["episode"],
@@ -991,111 +825,6 @@ def primal_rhs(features: np.ndarray, onehot: np.ndarray, y: np.ndarray) -> np.nd
     return ((onehot * y[:, None].astype(np.float32)).T @ features).T.astype(np.float64)
 
 
-#: Per-task settings of the online learner: :func:`run_online`'s defaults and the Flower
-#: app's online defaults (run config ``online-settings = "auto"``). Measured in
-#: ``BENCHMARKS.md`` (5 clients x 600 episodes, seeds 42/43/44). Keys: ``dim`` (D of the
-#: shared encoder), ``enc_gamma`` (RFF bandwidth), ``gamma`` (discount), ``ridge``,
-#: ``proximal``, ``sweeps`` (FQI sweeps per round), ``per_episode`` (buffer quota per
-#: episode), ``episodes_per_round`` and ``epsilon`` = (start, decay per episode, floor[,
-#: until]: epsilon 0 from episode ``until`` on; :func:`epsilon_schedule`);
-#: optional: ``tail``, ``n_step``, ``action_gap``, ``pessimism``, ``fuse``, ``sweep_tol``,
-#: ``mc_mix``, ``mc_window``, ``ucb``, ``boltzmann`` (:class:`OnlineClient`),
-#: ``gamma_final``/``gamma_ramp`` (:func:`discount_schedule`), ``compile_ridge`` (ridge
-#: of the heterogeneous setting's teacher compilation, default 1), ``anchor_source`` and
-#: ``n_anchors`` (:func:`fedqhd.anchors.make_anchors`; default 1000 rollout anchors),
-#: ``act_local`` (readout averaging: clients collect with their own last fit),
-#: ``capacity`` (buffer slots of every client, instead of :func:`default_capacity` of its
-#: D), ``obs_scale`` (per-dimension multipliers of the task's observation bounds, for the
-#: encoder only: the kernel's length scale per coordinate; :func:`encoder_bound`) and
-#: ``heterogeneous`` (overrides for heterogeneous encoders).
-ONLINE_SETTINGS: dict[str, dict[str, Any]] = {
-    # epsilon decay 0.99 (shared) / 0.993 (heterogeneous), judged over 20 seeds and 20
-    # held-out ones: shared 499.4 / 499.0 vs 407.1 / 459.9 at decay 0.9, heterogeneous
-    # 450.2 / 455.6 vs 356.1 at 0.97 (a fit to the first ~40 near-random episodes acted
-    # greedily too soon; BENCHMARKS.md, "Fifteenth round")
-    "CartPole-v1": dict(dim=500, enc_gamma=1.0, gamma=0.9, ridge=1.0, proximal=0.01,
-                        sweeps=5, per_episode=20, tail=20, episodes_per_round=20,
-                        epsilon=(1.0, 0.99, 0.0),
-                        heterogeneous=dict(episodes_per_round=50, epsilon=(1.0, 0.993, 0.0))),
-    # act_local (shared): five policies explore more than one; with 10 episodes per round
-    # (60 rounds): 5 seeds -101.3 shared, -99.8 heterogeneous (table before: -109.5 and
-    # -106.7 with uniform anchors; BENCHMARKS.md, "Acrobot and LunarLander (sixth round)")
-    # ucb (shared): optimistic collection; epsilon decays to 0 by episode ~50, after which
-    # the data hold only the greedy actions: seeds 42-46 -95.3 / -93.2 / -96.9 / -92.3 /
-    # -108.3 vs -96.2 / -97.6 / -101.9 / -106.6 / -104.1 (ucb 2: -96.6 on 42-44; ucb 10:
-    # -97.3); heterogeneous ucb 2 lost (-105.7 / -102.8) ("Eleventh round")
-    "Acrobot-v1": dict(dim=1000, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
-                       sweeps=10, n_step=5, action_gap=0.5, per_episode=20, tail=10,
-                       episodes_per_round=10, epsilon=(1.0, 0.9, 0.0), act_local=True,
-                       ucb=5.0,
-                       # uniform anchors: random-action rollouts stay near the hanging
-                       # rest, where a swing-up policy's Q-values are not decided
-                       # (BENCHMARKS.md, "Acrobot and LunarLander (sixth round)")
-                       heterogeneous=dict(proximal=0.001, anchor_source="uniform", ucb=0.0)),
-    # ucb (shared): seeds 42-46 -130.3 / -137.1 / -142.9 / -130.3 / -131.6 vs -139.1 /
-    # -140.8 / -147.7 / -200.0 / -135.0 (seed 45 never reached the flag in its last 100
-    # episodes); ucb 5 -128.3 / -147.0 / -166.6; heterogeneous ucb 2 tied (-140.9 / -136.0
-    # vs -136.1 / -139.6), so not there ("Eleventh round")
-    "MountainCar-v0": dict(dim=500, enc_gamma=1.0, gamma=0.99, ridge=1.0, proximal=0.01,
-                           sweeps=20, per_episode=20, tail=10, episodes_per_round=20,
-                           epsilon=(1.0, 0.9, 0.01), ucb=2.0,
-                           heterogeneous=dict(ucb=0.0)),
-    # obs_scale: the velocities, angle and angular velocity a landing visits fill a
-    # quarter to a third of obs_bound; at the full bound the kernel cannot tell a safe
-    # touchdown from a crash (BENCHMARKS.md, "LunarLander (fourth round)"); ridge 0.1
-    # shared only: 77.8 vs 74.2 over 3 seeds (inside the seed spread), heterogeneous
-    # -13.4 vs -4.7 with it ("LunarLander (fifth round)"); action_gap 0.5 (advantage
-    # learning: a wider action gap keeps the greedy action where the fit is noisy):
-    # 3 seeds shared 94.6 vs 77.8, heterogeneous 17.1 vs -4.7; on seeds 45 / 46 better
-    # shared, heterogeneous better on 45 and 3 worse on 46 ("Acrobot and LunarLander
-    # (seventh round)"); shared: pessimism 10, 3 seeds 103.6 vs 94.6, seeds 45 / 46
-    # -25.7 / 94.2 vs -37.4 / 46.1, and with it an epsilon floor of 0.02: 114.7, seeds
-    # 45 / 46 -30.4 / 152.9; heterogeneous: a floor of 0.03, 30.0 vs 17.1, seeds 45 / 46
-    # 36.6 / -16.2 vs 10.8 / -30.9 (0.02: 28.0, 5.3 / -23.3), pessimism 14.1, so not
-    # there ("LunarLander (eighth round)"); shared: discount 0.997 with mixed Monte-Carlo
-    # targets (0.7 of the last 60 episodes' realised returns) in place of pessimism: at
-    # 0.99 a landing's +100 some 300 steps on is worth 5 from the start and a crash's
-    # -100 at 150 steps 22, so the discounted task barely tells them apart, and Q of
-    # the start states drifted 20-45 above the realised return while the landings
-    # declined; 3 seeds 160.8 vs 114.7, seeds 45 / 46 156.5 / 145.2 vs -30.4 / 152.9
-    # (0.995: 154.5, 122.7 / 108.7; 0.998: 131.4); 0.995 alone 6.6 / 42.4 on 42 / 43
-    # ("LunarLander (tenth round)")
-    "LunarLander-v3": dict(dim=1000, enc_gamma=1.0, gamma=0.997, ridge=0.1, proximal=0.01,
-                           sweeps=10, per_episode=50, tail=20, episodes_per_round=20,
-                           action_gap=0.5, mc_mix=0.7, mc_window=60,
-                           epsilon=(1.0, 0.99, 0.02),
-                           obs_scale=(1.0, 1.0, 0.25, 0.25, 0.5, 0.35, 1.0, 1.0),
-                           heterogeneous=dict(gamma=0.99, ridge=1.0, mc_mix=0.0,
-                                              epsilon=(1.0, 0.99, 0.03))),
-}
-
-
-def encoder_bound(env_id: str, obs_scale: Sequence[float] | None = None) -> np.ndarray:
-    """The per-coordinate scale the online encoders divide observations by: the task's
-    ``obs_bound`` times ``obs_scale`` (one positive multiplier per coordinate; ``None``
-    or empty: the bound itself). The env's own bounds (value checks, anchors) stay."""
-    bound = np.asarray(get_spec(env_id).obs_bound, dtype=float)
-    if obs_scale is None or len(obs_scale) == 0:
-        return bound
-    scale = np.asarray(obs_scale, dtype=float)
-    if scale.shape != bound.shape or not np.all(np.isfinite(scale)) or np.any(scale <= 0):
-        raise ValueError(f"obs_scale for {env_id} needs {bound.size} positive finite "
-                         f"multipliers, got {list(obs_scale)!r}")
-    return bound * scale
-
-
 def default_capacity(dim: int) -> int:
     """Buffer slots of a client with ``dim`` features: ``min(20000, 1e7 // dim)``."""
     return int(min(20000, 1e7 // dim))
-
-
-def online_settings(env_id: str, encoder: str = "shared") -> dict[str, Any]:
-    """The settings of :data:`ONLINE_SETTINGS` for ``env_id`` under ``encoder`` (an entry's
-    ``"heterogeneous"`` dict overrides for heterogeneous encoders); ``KeyError`` for
-    other tasks."""
-    get_spec(env_id)
-    table = dict(ONLINE_SETTINGS[env_id])
-    hetero = table.pop("heterogeneous", {})
-    if encoder == "heterogeneous":
-        table.update(hetero)
-    return table

@@ -175,7 +175,7 @@ def run_app_cell(method: str, env_id: str, setting: str, seed: int, episodes: in
             "wall-s": time.perf_counter() - wall0, "cpu-s": time.process_time() - cpu0,
             "curve": [(r["round"] * per_round, r["train-return-last100"]) for r in rows],
             "value-bias": [(r["round"] * per_round, r["value-bias"]) for r in rows],
-            "config": cfg.to_run_config()}
+            "config": cfg.record()}
 
 
 def checkout_commit(package_dir: Path) -> str | None:

@@ -28,7 +28,7 @@ def test_dqn_config_takes_the_papers_settings_and_needs_the_online_protocol():
     pytest.importorskip("optax")
     cfg = RunConfig.from_run_config({"protocol": "online", "learner": "dqn"})
     assert (cfg.gamma, cfg.episodes_per_round) == (0.99, 25)
-    assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == (1.0, 0.995, 0.001)
+    assert cfg.online.epsilon == (1.0, 0.995, 0.001)
     assert cfg.num_server_rounds == 24  # 600 episodes per client, as the paper
     with pytest.raises(ConfigError, match="'learner' = 'dqn'.*'protocol' = 'online'"):
         RunConfig.from_run_config({"learner": "dqn"})

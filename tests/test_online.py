@@ -12,8 +12,6 @@ from fedqhd.online import (
     OnlineClient,
     _posterior_probes,
     collect_many,
-    epsilon_schedule,
-    epsilon_tuple,
     pack_statistics,
     returns_to_go,
     unpack_statistics,
@@ -202,25 +200,29 @@ def test_targets_are_clipped_to_the_value_range():
 
 def _app_run(tmp_path, n: int, **keys):
     """A short online run of the Flower apps in process: its round rows."""
+    from presets_util import write_preset
+
     from fedqhd.client.app import app as client_app
     from fedqhd.config import RunConfig
     from fedqhd.server.app import run_federation
     from fedqhd.server.inprocess import InProcessGrid
 
+    rounds = keys.pop("rounds")
+    preset = write_preset(tmp_path, **{"episodes-per-round": 20, "gamma": 0.9, "ridge": 1.0,
+                                       "proximal": 0.01, "local-iterations": 5,
+                                       "per-episode": 20, "tail": 20,
+                                       "epsilon": [1.0, 0.99, 0.0],
+                                       "hd-dim": keys.pop("hd-dim")})
     cfg = RunConfig.from_run_config({
-        "protocol": "online", "online-settings": "manual", "env-id": "CartPole-v1",
-        "episodes-per-round": 20, "gamma": 0.9, "ridge": 1.0, "proximal": 0.01,
-        "local-iterations": 5, "online-per-episode": 20, "online-tail": 20,
-        "epsilon-decay": 0.99, "epsilon-floor": 0.0, "min-nodes": n, "output-dir": str(tmp_path),
-        **keys})
+        "protocol": "online", "online-settings": preset, "env-id": "CartPole-v1",
+        "online-episodes": 20 * rounds, "min-nodes": n, "output-dir": str(tmp_path), **keys})
     _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),
                             cfg)
     return json.loads((out / "results.json").read_text())["rounds"]
 
 
 def test_short_online_run_learns_cartpole(tmp_path):
-    rows = _app_run(tmp_path, 2, **{"hd-dim": 300, "seed": 0, "num-server-rounds": 6,
-                                    "eval-episodes": 5})
+    rows = _app_run(tmp_path, 2, **{"hd-dim": 300, "seed": 0, "rounds": 6, "eval-episodes": 5})
     first = rows[0]["train-return-last100"]
     assert rows[-1]["train-return-last100"] > max(2 * first, 60.0)
     assert rows[-1]["return-mean"] > 21.0 * 3  # uniform random gets 21
@@ -231,7 +233,7 @@ def test_independent_learners_never_compile_a_teacher(tmp_path, monkeypatch):
     real = OnlineClient.compile
     monkeypatch.setattr(OnlineClient, "compile",
                         lambda self, *a, **k: calls.append("compile") or real(self, *a, **k))
-    keys = {"hd-dim": 100, "encoder": "heterogeneous", "num-server-rounds": 2,
+    keys = {"hd-dim": 100, "encoder": "heterogeneous", "rounds": 2,
             "eval-episodes": 1, "num-anchors": 50}
     _app_run(tmp_path / "none", 2, strategy="none", **keys)
     assert calls == []
@@ -258,42 +260,6 @@ def test_n_step_transitions():
     ret1, _, cont1 = _n_step(ep, r, s1, te, 1, gamma)
     np.testing.assert_allclose(ret1, r)
     np.testing.assert_allclose(cont1, 1.0 - te)
-
-
-def test_fused_fit_solves_its_normal_equations():
-    # fuse -> 0 is the independent fit; fuse > 0: the gradient of the fused objective
-    # (data + ridge + proximal + kappa * sum_a ||w_a - mean w||^2) vanishes after a sweep
-    p = np.random.default_rng(0).normal(size=(40, 2))
-    fits = []
-    for fuse in (0.0, 1e-12):
-        cl = _client("primal", capacity=500)
-        cl.fuse = fuse
-        collect_many([cl], [8], [1.0])
-        fits.append(cl.fit(3, init=p))
-    np.testing.assert_allclose(fits[0], fits[1], rtol=1e-4, atol=1e-4)
-    cl = _client("primal", capacity=500)
-    cl.fuse = 0.05
-    collect_many([cl], [8], [1.0])
-    y = cl.targets(p)
-    w = cl.fit(1, init=p, prior=p)
-    n = cl.size
-    f = cl.features[:n].astype(np.float64)
-    acts = cl.actions[:n]
-    for a in range(2):
-        fa, ya = f[acts == a], y[acts == a]
-        grad = (fa.T @ (fa @ w[:, a] - ya) + cl.ridge * w[:, a]
-                + cl.proximal * len(ya) * (w[:, a] - p[:, a])
-                + cl.fuse * n * (w[:, a] - w.mean(axis=1)))
-        assert np.abs(grad).max() < 1e-3
-
-
-def test_discount_schedule():
-    from fedqhd.online import discount_schedule
-    fixed = discount_schedule(0.9)
-    assert fixed(0) == fixed(10_000) == 0.9
-    ramp = discount_schedule(0.9, 0.99, 300)
-    assert ramp(0) == pytest.approx(0.9) and ramp(300) == ramp(600) == pytest.approx(0.99)
-    assert ramp(150) == pytest.approx(1 - 1 / 55)  # horizon halfway from 10 to 100
 
 
 def test_per_episode_quota_keeps_the_tail_of_failed_episodes():
@@ -332,93 +298,6 @@ def test_compile_refactors_for_new_anchor_features_even_at_a_reused_address():
         np.testing.assert_allclose(cl.readout, fresh.readout, rtol=1e-10, atol=1e-12)
 
 
-def _pessimist(pessimism=1.0, seed=0):
-    cl = _client("primal", capacity=400, seed=seed)
-    cl.pessimism = pessimism
-    collect_many([cl], [6], [1.0])
-    return cl
-
-
-def test_uncertainty_penalty_is_the_relative_ridge_posterior_std():
-    cl = _pessimist(pessimism=2.0)
-    systems = cl.primal_systems()
-    f = cl.next_features[:cl.size].astype(np.float64)
-    exact = np.empty((cl.size, cl.n_actions))
-    for b, (_, c, _) in enumerate(systems):
-        m = cl.gram[b] + c * np.eye(cl.dim)
-        exact[:, b] = np.sqrt(c * np.einsum("nd,nd->n", f, np.linalg.solve(m, f.T).T))
-    assert 0.0 < exact.min() and exact.max() <= 1.0 + 1e-9  # posterior std <= prior's
-    exact = 2.0 * (exact - exact.min(axis=1, keepdims=True))
-    probed = cl.uncertainty_penalty(systems, probes=4000)
-    assert np.all(probed.min(axis=1) == 0.0)  # the best-supported action pays nothing
-    assert np.abs(probed - exact).max() < 0.1 * exact.max()
-    # 16 probes (the fit's): same ranking of the actions on most states
-    quick = cl.uncertainty_penalty(systems)
-    assert np.mean(quick.argmax(axis=1) == exact.argmax(axis=1)) > 0.8
-
-
-def test_an_action_the_buffer_never_took_pays_the_largest_penalty():
-    cl = _pessimist()
-    cl.actions[:cl.size] = 0  # a buffer of action 0 only: action 1 unsupported
-    feats = cl.features[:cl.size].astype(np.float64)
-    cl.gram[0], cl.gram[1] = feats.T @ feats, 0.0
-    pen = cl.uncertainty_penalty(cl.primal_systems(), probes=400)
-    assert np.all(pen[:, 0] == 0.0) and np.all(pen[:, 1] > 0.0)
-
-
-def test_pessimistic_targets_are_lower_where_actions_are_unsupported():
-    cl = _pessimist(pessimism=5.0)
-    readout = cl.fit(3)
-    pen = cl.uncertainty_penalty(cl.primal_systems())
-    plain, pess = cl.targets(readout), cl.targets(readout, penalty=pen)
-    ends = cl.continues[:cl.size] == 0
-    assert np.all(pess <= plain + 1e-9) and np.mean(pess < plain - 1e-6) > 0.3
-    assert np.all(pess[ends] == plain[ends])  # a terminal transition does not bootstrap
-    # and the fit uses them: the same client without pessimism fits another readout
-    twin = _pessimist(pessimism=0.0)
-    assert not np.allclose(_pessimist(pessimism=5.0).fit(3), twin.fit(3))
-
-
-@pytest.mark.parametrize("form", ["primal", "dual", "fused"])
-def test_sweep_tol_stops_at_the_first_sweep_that_settles(form):
-    """With ``sweep_tol`` a fit ends at the first sweep whose change is at most that
-    fraction of the readout's norm, with exactly that sweep's readout; 0 runs them all."""
-    enc = HDEncoder(40, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
-    enc.fit(np.zeros((1, 4)))
-    cl = OnlineClient("CartPole-v1", enc, capacity=150, per_episode=1000, n_parallel=4,
-                      form="primal" if form == "fused" else form,
-                      fuse=0.01 if form == "fused" else 0.0)
-    for _ in range(4):
-        collect_many([cl], [4], [1.0])
-    start = np.zeros((cl.dim, cl.n_actions))
-    full = [cl.fit(k, init=start).copy() for k in range(13)]  # full[k]: k sweeps
-    assert cl.sweeps_run == sum(range(13))  # sweep_tol 0: every sweep asked for
-    change = [np.linalg.norm(full[k] - full[k - 1]) / np.linalg.norm(full[k])
-              for k in range(1, 13)]
-    tol = change[3]  # the 4th sweep's change
-    stop = 1 + next(i for i, c in enumerate(change) if c <= tol)
-    assert stop <= 4 < 12
-    before = cl.sweeps_run
-    cl.sweep_tol = tol
-    np.testing.assert_array_equal(cl.fit(12, init=start), full[stop])
-    assert cl.sweeps_run - before == stop
-
-
-def test_sweep_tol_refuses_negative_values():
-    enc = HDEncoder(20, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
-    enc.fit(np.zeros((1, 4)))
-    with pytest.raises(ValueError, match="sweep_tol"):
-        OnlineClient("CartPole-v1", enc, capacity=50, sweep_tol=-1e-3)
-
-
-def test_pessimism_refuses_bad_values():
-    enc = HDEncoder(20, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
-    enc.fit(np.zeros((1, 4)))
-    for kw in ({"pessimism": -1.0}, {"pessimism": 1.0, "fuse": 0.1}):
-        with pytest.raises(ValueError, match="pessimism"):
-            OnlineClient("CartPole-v1", enc, capacity=50, **kw)
-
-
 @pytest.mark.parametrize("lower", [True, False])
 def test_half_solve_of_the_factor_with_and_without_scipy(lower):
     from scipy.linalg import cho_factor
@@ -433,12 +312,6 @@ def test_half_solve_of_the_factor_with_and_without_scipy(lower):
                    _numpy_solver(x.T @ x, 3.0)):
         np.testing.assert_allclose(solver.half_solve_t(z), want, atol=1e-10)
         np.testing.assert_allclose(solver(z), np.linalg.solve(m, z), atol=1e-10)
-
-
-def test_a_dual_form_client_says_it_fits_without_pessimism():
-    enc = _client("dual", capacity=30).encoder
-    with pytest.warns(UserWarning, match="without pessimism"):
-        OnlineClient("CartPole-v1", enc, capacity=30, pessimism=1.0, form="dual")
 
 
 def test_returns_to_go_of_interleaved_episodes():
@@ -639,68 +512,12 @@ def test_ucb_posterior_follows_the_buffer_and_survives_a_snapshot():
     np.testing.assert_array_equal(twin.exploration_bonus(feats), cl.exploration_bonus(feats))
 
 
-def _boltzmann_client(temp, gap):
-    """Features that do not vary with the state, the first action ``gap`` above the second
-    everywhere: a collection's action frequencies are the softmax's."""
-    cl = _ucb_client(0.0)
-    cl.boltzmann = temp
-    cl.encoder.omega_[:] = 0.0  # phi = sqrt(2 / D) cos(0) for every state
-    cl.encoder.offset_[:] = 0.0
-    cl.readout = np.zeros((cl.dim, 2))
-    cl.readout[:, 0] = gap / np.sqrt(2.0 * cl.dim)  # Q = (gap, 0)
-    return cl
-
-
-def test_boltzmann_draws_from_the_softmax_of_q_while_collecting_only():
-    """At temperature T the second action, ``gap`` below the first, is taken with
-    probability ``1 / (1 + exp(gap / T))``; at 0 never; a greedy evaluation
-    (``append=False``) draws nothing."""
-    for temp, gap in ((1.0, 1.0), (0.5, 0.25)):
-        cl = _boltzmann_client(temp, gap)
-        collect_many([cl], [60], [0.0])
-        share = cl.action_counts()[1] / cl.size
-        expected = 1.0 / (1.0 + np.exp(gap / temp))
-        assert cl.size > 400
-        assert abs(share - expected) < 4 * np.sqrt(expected * (1 - expected) / cl.size)
-    greedy = _boltzmann_client(0.0, 1.0)
-    collect_many([greedy], [10], [0.0])
-    assert greedy.action_counts()[1] == 0
-    hot, cold = _boltzmann_client(1.0, 1.0), _boltzmann_client(0.0, 1.0)
-    for cl in (hot, cold):
-        collect_many([cl], [6], [0.0], append=False)
-    assert hot.rng.bit_generator.state == cold.rng.bit_generator.state
-    with pytest.raises(ValueError, match="boltzmann"):
-        OnlineClient("CartPole-v1", hot.encoder, boltzmann=-1.0)
-
-
 def test_ucb_settings_are_validated_and_the_dual_form_acts_on_q():
     with pytest.raises(ValueError, match="ucb"):
         _ucb_client(-1.0)
     with pytest.raises(ValueError, match="ucb"):
         _ucb_client(float("nan"))
-    enc = HDEncoder(40, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
-    enc.fit(np.zeros((1, 4)))
-    with pytest.raises(ValueError, match="fuse"):
-        OnlineClient("CartPole-v1", enc, ucb=1.0, fuse=0.1)
     dual = _ucb_client(1.0, capacity=30, form="dual")
     collect_many([dual], [4], [1.0])
     assert dual.exploration_bonus(dual.features[:5]) is None
     assert _ucb_client(0.0).exploration_bonus(np.zeros((2, 40), np.float32)) is None
-
-
-
-def test_epsilon_schedule_ends_exploration_at_until():
-    """With ``until`` the schedule is the plain one before that episode and 0 from it on;
-    without, the floor holds for ever. Bad tuples are refused."""
-    episodes = np.arange(0, 700, 7)
-    plain = epsilon_schedule(1.0, 0.99, 0.02)(episodes)
-    ended = epsilon_schedule(1.0, 0.99, 0.02, until=500)(episodes)
-    np.testing.assert_array_equal(ended[episodes < 500], plain[episodes < 500])
-    assert np.all(ended[episodes >= 500] == 0.0) and np.all(plain >= 0.02)
-    assert epsilon_tuple((1, 0.9, 0.1)) == (1.0, 0.9, 0.1, 0)
-    assert epsilon_tuple([1, 0.9, 0.1, 500]) == (1.0, 0.9, 0.1, 500)
-    for bad in [(1, 0.9), (1, 0.9, 0.1, -5), (1, 0.9, 0.1, 2.5), (1, 0.9, 0.1, 5, 6)]:
-        with pytest.raises(ValueError, match="epsilon"):
-            epsilon_tuple(bad)
-    with pytest.raises(ValueError, match="until"):
-        epsilon_schedule(1.0, 0.9, 0.1, until=-1)

@@ -10,6 +10,7 @@ import random
 
 import numpy as np
 import pytest
+from presets_util import write_preset
 
 from fedqhd.client.app import app as client_app
 from fedqhd.config import RunConfig
@@ -21,7 +22,7 @@ from fedqhd.server.inprocess import InProcessGrid
 
 KEYS = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma": 0.9,
         "ridge": 1.0, "proximal": 0.01, "local-iterations": 5, "episodes-per-round": 10,
-        "eval-episodes": 1, "online-capacity": 400, "seed": 7, "num-server-rounds": 5,
+        "eval-episodes": 1, "seed": 7, "num-server-rounds": 5,
         "num-anchors": 100, "weight-cap-factor": 0.0}
 
 
@@ -138,7 +139,7 @@ def test_a_dqn_copy_a_failed_round_left_is_never_used(tmp_path, monkeypatch):
     from fedqhd.baselines import dqn as deep
     from fedqhd.learners import dqn
 
-    cfg, context = _one_node(tmp_path, {**DQN_KEYS, "strategy": "avg"})
+    cfg, context = _one_node(tmp_path, {**dqn_keys(tmp_path), "strategy": "avg"})
     dqn.STATES.cache.clear()
     dqn.LEARNER.train(context, cfg, {})
     first = dqn.node_client(context, cfg)
@@ -185,10 +186,13 @@ def test_evaluation_rebuilds_without_the_buffer_and_never_lends_it_to_training(t
 
 
 # ------------------------------------------------------------------ the deep baselines
-DQN_KEYS = {"protocol": "online", "learner": "dqn", "online-settings": "manual",
-            "episodes-per-round": 5, "num-server-rounds": 4, "epsilon-start": 0.2,
-            "epsilon-decay": 0.9, "epsilon-floor": 0.01, "num-anchors": 30,
-            "weighting": "uniform", "eval-episodes": 1, "seed": 5}
+def dqn_keys(folder) -> dict:
+    """Short deep-baseline runs that act mostly greedily (epsilon from 0.2): 4 rounds of 5
+    episodes, from a preset file in ``folder``."""
+    preset = write_preset(folder, "dqn-small", **{
+        "episodes-per-round": 5, "epsilon": [0.2, 0.9, 0.01], "num-anchors": 30})
+    return {"protocol": "online", "learner": "dqn", "online-settings": preset,
+            "online-episodes": 20, "weighting": "uniform", "eval-episodes": 1, "seed": 5}
 
 
 @pytest.mark.parametrize("strategy", ["avg", "anchor"])  # FedAvg-DQN, distillation FedDQN
@@ -205,7 +209,7 @@ def test_dqn_run_is_the_same_whichever_actor_serves_a_node(tmp_path, monkeypatch
     runs = []
     # coin 3: each node changes actor every round (train messages 0, 1, 0, 1)
     for actors in (None, TwoActors(monkeypatch, dqn.STATES, "cache", coin=3)):
-        cfg = RunConfig.from_run_config({**DQN_KEYS, "strategy": strategy, "min-nodes": n,
+        cfg = RunConfig.from_run_config({**dqn_keys(tmp_path), "strategy": strategy, "min-nodes": n,
                                          "output-dir": str(tmp_path / str(len(runs)))})
         monkeypatch.setattr(dqn.STATES, "cache", {})
         apps = [actors or client_app] * n
@@ -237,7 +241,7 @@ def test_a_stale_dqn_copy_is_never_used(tmp_path):
 
     from fedqhd.learners import dqn
 
-    cfg, context = _one_node(tmp_path, {**DQN_KEYS, "strategy": "anchor"})
+    cfg, context = _one_node(tmp_path, {**dqn_keys(tmp_path), "strategy": "anchor"})
     dqn.STATES.cache.clear()
     anchors = np.random.default_rng(0).uniform(-0.1, 0.1, size=(30, 4))
     dqn.LEARNER.train(context, cfg, {"anchors": anchors})

@@ -31,8 +31,7 @@ from fedqhd.strategies.truncate import truncated_mean, with_head
 #: every client acting with the global readout (act-local off), as the paper suite runs
 SMALL = {"protocol": "online", "online-settings": "manual", "hd-dim": 100, "gamma": 0.9,
          "ridge": 1.0, "proximal": 0.01, "local-iterations": 3, "episodes-per-round": 10,
-         "eval-episodes": 2, "min-nodes": 2, "weight-cap-factor": 0.0,
-         "online-act-local": False, "seed": 3}
+         "eval-episodes": 2, "min-nodes": 2, "weight-cap-factor": 0.0, "seed": 3}
 
 
 def _federate(tmp_path, n_clients: int = 2, **keys) -> tuple[list[dict], InProcessGrid]:

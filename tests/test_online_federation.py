@@ -7,6 +7,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from presets_util import write_preset
 
 from fedqhd import online
 from fedqhd.client.app import app as client_app
@@ -16,10 +17,19 @@ from fedqhd.envs import batch, get_spec
 from fedqhd.learners.base import partition
 from fedqhd.learners.fqi import client_encoder, encoder_scale, shared_encoder
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, FQIOnline, _new_client
-from fedqhd.online import ONLINE_SETTINGS
+from fedqhd.presets import builtin_preset, load_preset, resolve_preset
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
+
+#: the tasks with a built-in online preset
+TASKS = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "LunarLander-v3")
+
+
+def _preset(env_id: str, encoder: str):
+    """The run-config keys and learner settings the task's preset gives ``encoder``."""
+    return resolve_preset(load_preset(builtin_preset(env_id)), encoder, env_id)
+
 
 SMALL = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma": 0.9,
          "ridge": 1.0, "proximal": 0.01,
@@ -73,47 +83,60 @@ def test_an_env_that_raises_while_collecting_fails_that_clients_round_not_the_ru
 def test_online_keys_are_validated():
     with pytest.raises(ConfigError, match="episodes-per-round"):
         RunConfig.from_run_config({"protocol": "online", "episodes-per-round": 0})
-    with pytest.raises(ConfigError, match="epsilon-decay"):
-        RunConfig.from_run_config({"epsilon-decay": 1.5})
     with pytest.raises(ConfigError, match="'protocol' = 'online' needs 'learner' = 'fqi'"):
         RunConfig.from_run_config({"protocol": "online", "learner": "pool",
                                    "env-id": "fedqhd/Inventory-v0"})
-    with pytest.raises(ConfigError, match="online-mc-mix"):
-        RunConfig.from_run_config({"protocol": "online", "online-mc-mix": 1.5})
-    with pytest.raises(ConfigError, match="online-mc-window"):
-        RunConfig.from_run_config({"protocol": "online", "online-mc-window": 0})
-    with pytest.raises(ConfigError, match="online-ucb"):
-        RunConfig.from_run_config({"protocol": "online", "online-ucb": -1.0})
-    with pytest.raises(ConfigError, match="floor <= start"):
-        RunConfig.from_run_config({"epsilon-start": 0.1, "epsilon-floor": 0.5})
+    with pytest.raises(ConfigError, match="online-settings"):
+        RunConfig.from_run_config({"protocol": "online", "online-settings": "best"})
 
 
-def test_online_auto_settings_follow_the_per_task_table():
-    for (env_id, encoder) in [(e, k) for e in ONLINE_SETTINGS
-                              for k in ("shared", "heterogeneous")]:
-        table = online.online_settings(env_id, encoder)
-        cfg = RunConfig.from_run_config({"protocol": "online", "env-id": env_id,
-                                         "encoder": encoder})
-        assert (cfg.hd_dim, cfg.bandwidth, cfg.gamma, cfg.ridge, cfg.proximal) == (
-            table["dim"], table["enc_gamma"], table["gamma"], table["ridge"], table["proximal"])
-        assert (cfg.local_iterations, cfg.online_per_episode) == (table["sweeps"],
-                                                                  table["per_episode"])
-        assert cfg.online_action_gap == table.get("action_gap", 0.0)
-        assert cfg.online_n_step == table.get("n_step", 1)
-        assert cfg.online_tail == table.get("tail", 0)
-        assert (cfg.anchor_source, cfg.num_anchors) == (
-            table.get("anchor_source", "rollouts"), table.get("n_anchors", 1000))
-        assert cfg.online_act_local == table.get("act_local", False)
-        assert (cfg.online_mc_mix, cfg.online_mc_window) == (table.get("mc_mix", 0.0),
-                                                             table.get("mc_window", 100))
-        assert cfg.online_ucb == table.get("ucb", 0.0)
-        assert (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor) == tuple(
-            float(v) for v in table["epsilon"][:3])
-        assert cfg.episodes_per_round == table["episodes_per_round"]
-    # manual keeps the keys as given; the offline protocol never sees the table
+@pytest.mark.parametrize("body,key", [
+    ("mc-mix = 1.5", "mc-mix"), ("mc-window = 0", "mc-window"), ("ucb = -1.0", "ucb"),
+    ("epsilon = [0.1, 0.9, 0.5]", "epsilon"), ("per-episode = 2.5", "per-episode"),
+    ("act-local = 1", "act-local"), ("obs-scale = [1, -1]", "obs-scale"),
+    ("gamma = 1.5", "gamma"), ("hd-dim = 0", "hd-dim"), ("hd-dim = 'big'", "hd-dim"),
+    ("pessimism = 10", "pessimism"), ("[heterogeneous]\nsweeps = 3", "sweeps"),
+    ("[other]\nucb = 1", "other"), ("ucb = ", "TOML")])
+def test_a_bad_preset_is_refused_naming_the_file_and_the_key(tmp_path, body, key):
+    """The issue's bad input: a preset that names an unknown key or gives a value out of
+    range is refused; the error names the file and the key."""
+    path = tmp_path / "mine.toml"
+    path.write_text(body + "\n")
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config({"protocol": "online", "online-settings": str(path)})
+    assert str(path) in str(err.value) and key in str(err.value)
+
+
+def test_a_missing_preset_is_refused_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match="nowhere.toml.*not a readable TOML"):
+        RunConfig.from_run_config({"protocol": "online",
+                                   "online-settings": str(tmp_path / "nowhere.toml")})
+
+
+def test_online_auto_settings_follow_the_tasks_preset_file():
+    for env_id in TASKS:
+        for encoder in ("shared", "heterogeneous"):
+            run_keys, settings = _preset(env_id, encoder)
+            cfg = RunConfig.from_run_config({"protocol": "online", "env-id": env_id,
+                                             "encoder": encoder})
+            assert cfg.online == settings
+            for key, value in run_keys.items():
+                assert getattr(cfg, key.replace("-", "_")) == value, (env_id, encoder, key)
+            assert cfg.record()["online"] == settings.to_dict()  # what results record
+    # the paper's settings, as BENCHMARKS.md "Online presets" gives them
+    cartpole = RunConfig.from_run_config({"protocol": "online"})
+    assert (cartpole.hd_dim, cartpole.gamma, cartpole.local_iterations,
+            cartpole.episodes_per_round) == (500, 0.9, 5, 20)
+    assert cartpole.online.epsilon == (1.0, 0.99, 0.0) and cartpole.online.tail == 20
+    lunar = RunConfig.from_run_config({"protocol": "online", "env-id": "LunarLander-v3"})
+    assert (lunar.gamma, lunar.online.mc_mix, lunar.online.obs_scale[2]) == (0.997, 0.7, 0.25)
+    dqn = RunConfig.from_run_config({"protocol": "online", "learner": "dqn"})
+    assert (dqn.episodes_per_round, dqn.online.epsilon) == (25, (1.0, 0.995, 0.001))
+    # manual keeps the keys as given; the offline protocol never sees a preset
     cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
                                      "hd-dim": 123, "gamma": 0.5})
     assert (cfg.hd_dim, cfg.gamma) == (123, 0.5)
+    assert cfg.online == RunConfig().online  # the learner's defaults
     offline = RunConfig.from_run_config({"env-id": "MountainCar-v0"})
     assert (offline.hd_dim, offline.gamma, offline.local_iterations) == (2000, 0.99, 3)
 
@@ -123,81 +146,79 @@ def test_the_apps_clients_take_the_table():
     discount, penalties, transitions per episode, n-step, tail, advantage gap, mixed
     Monte-Carlo targets, optimism, episodes side by side, its encoder's D (D_i cycled
     500, 1000, 2000, 5000 under heterogeneous encoders) and default_capacity(D_i) slots."""
-    for (env_id, encoder) in [(e, k) for e in ONLINE_SETTINGS
-                              for k in ("shared", "heterogeneous")]:
-        table = online.online_settings(env_id, encoder)
+    for (env_id, encoder) in [(e, k) for e in TASKS for k in ("shared", "heterogeneous")]:
+        run_keys, settings = _preset(env_id, encoder)
         cfg = RunConfig.from_run_config({"protocol": "online", "env-id": env_id,
                                          "encoder": encoder})
         n_parts = len(HETEROGENEOUS_DIMS) if encoder == "heterogeneous" else 2
         for pid in range(n_parts):
             client, _ = _new_client(cfg, pid, n_parts)
-            dim = HETEROGENEOUS_DIMS[pid] if encoder == "heterogeneous" else table["dim"]
+            dim = (HETEROGENEOUS_DIMS[pid] if encoder == "heterogeneous"
+                   else run_keys["hd-dim"])
             assert client.encoder is client_encoder(cfg, pid)
             assert client.dim == dim, (env_id, encoder, pid)
             assert (client.gamma, client.ridge, client.proximal) == (
-                table["gamma"], table["ridge"], table["proximal"]), (env_id, encoder)
-            assert client.per_episode == table["per_episode"]
+                run_keys["gamma"], run_keys["ridge"], run_keys["proximal"]), (env_id, encoder)
+            assert client.per_episode == settings.per_episode
             assert (client.n_step, client.tail, client.action_gap) == (
-                table.get("n_step", 1), table.get("tail", 0), table.get("action_gap", 0.0))
-            assert (client.mc_mix, client.mc_window) == (table.get("mc_mix", 0.0),
-                                                         table.get("mc_window", 100))
-            assert client.ucb == table.get("ucb", 0.0), (env_id, encoder)
-            assert client.n_parallel == table["episodes_per_round"]
+                settings.n_step, settings.tail, settings.action_gap)
+            assert (client.mc_mix, client.mc_window) == (settings.mc_mix, settings.mc_window)
+            assert client.ucb == settings.ucb, (env_id, encoder)
+            assert client.n_parallel == run_keys["episodes-per-round"]
             assert client.capacity == online.default_capacity(dim)
             if encoder == "shared":
-                assert client.encoder.gamma == table["enc_gamma"]
-            else:  # gamma_i = enc_gamma * U(0.5, 1.5)
-                assert 0.5 <= client.encoder.gamma / table["enc_gamma"] <= 1.5
+                assert client.encoder.gamma == run_keys["bandwidth"]
+            else:  # bandwidth_i = bandwidth * U(0.5, 1.5)
+                assert 0.5 <= client.encoder.gamma / run_keys["bandwidth"] <= 1.5
 
 
-#: where each key of a table's ``heterogeneous`` overrides lands: an attribute of the
-#: app's client, or a RunConfig field (the server's anchors, the epsilon schedule)
+#: where each key of a preset's ``[heterogeneous]`` table lands: an attribute of the
+#: app's client, or the run config (the server's anchors, the learner settings)
 _CLIENT_KEYS = {"gamma": "gamma", "ridge": "ridge", "proximal": "proximal",
-                "mc_mix": "mc_mix", "mc_window": "mc_window", "ucb": "ucb",
-                "action_gap": "action_gap", "n_step": "n_step", "tail": "tail",
-                "per_episode": "per_episode", "episodes_per_round": "n_parallel"}
-_CONFIG_KEYS = {"anchor_source": "anchor_source", "n_anchors": "num_anchors",
-                "act_local": "online_act_local"}
-_LEFT_OUT = {"anchor_source": "rollouts", "n_anchors": 1000, "act_local": False,
-             "ucb": 0.0, "mc_mix": 0.0, "mc_window": 100, "action_gap": 0.0, "n_step": 1,
-             "tail": 0}
+                "mc-mix": "mc_mix", "mc-window": "mc_window", "ucb": "ucb",
+                "action-gap": "action_gap", "n-step": "n_step", "tail": "tail",
+                "per-episode": "per_episode", "episodes-per-round": "n_parallel"}
 
 
 def test_a_tasks_heterogeneous_overrides_reach_only_heterogeneous_clients():
-    """An entry's ``heterogeneous`` dict (Acrobot's proximal and anchors, LunarLander's
+    """A preset's ``[heterogeneous]`` table (Acrobot's proximal and anchors, LunarLander's
     discount and ridge, CartPole's episodes per round) changes the heterogeneous clients
-    of the app and leaves the shared ones at the entry's values."""
-    tasks = [e for e, t in ONLINE_SETTINGS.items() if t.get("heterogeneous")]
-    assert {"Acrobot-v1", "LunarLander-v3"} <= set(tasks)
+    of the app and leaves the shared ones at the top-level values."""
+    tasks = [e for e in TASKS if load_preset(builtin_preset(e)).get("heterogeneous")]
+    assert {"Acrobot-v1", "LunarLander-v3", "CartPole-v1"} <= set(tasks)
     for env_id in tasks:
-        entry = ONLINE_SETTINGS[env_id]
+        data = load_preset(builtin_preset(env_id))
         for encoder in ("shared", "heterogeneous"):
             cfg = RunConfig.from_run_config({"protocol": "online", "env-id": env_id,
                                              "encoder": encoder})
             client, _ = _new_client(cfg, 0, 2)
-            for key, value in entry["heterogeneous"].items():
-                want = value if encoder == "heterogeneous" else entry.get(key, _LEFT_OUT.get(key))
-                if key == "epsilon":
-                    got = (cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor)
-                    want = tuple(float(v) for v in want[:3])
-                elif key in _CLIENT_KEYS:
+            default = RunConfig.from_run_config({"protocol": "online",
+                                                 "online-settings": "manual"})
+            for key, value in data["heterogeneous"].items():
+                top = data.get(key, getattr(default.online, key.replace("-", "_"), None)
+                               if key not in ("anchor-source", "num-anchors")
+                               else getattr(default, key.replace("-", "_")))
+                want = value if encoder == "heterogeneous" else top
+                if key in _CLIENT_KEYS:
                     got = getattr(client, _CLIENT_KEYS[key])
+                elif hasattr(cfg.online, key.replace("-", "_")):
+                    got = getattr(cfg.online, key.replace("-", "_"))
+                    want = tuple(want) if isinstance(want, list) else want
                 else:
-                    assert key in _CONFIG_KEYS, f"{env_id}: no check for override {key!r}"
-                    got = getattr(cfg, _CONFIG_KEYS[key])
+                    got = getattr(cfg, key.replace("-", "_"))
                 assert got == want, (env_id, encoder, key)
-    assert ONLINE_SETTINGS["LunarLander-v3"]["ridge"] != (
-        ONLINE_SETTINGS["LunarLander-v3"]["heterogeneous"]["ridge"])
+    lunar = load_preset(builtin_preset("LunarLander-v3"))
+    assert lunar["ridge"] != lunar["heterogeneous"]["ridge"]
 
 
-def test_a_tasks_anchor_keys_choose_the_apps_anchors(monkeypatch):
+def test_a_tasks_anchor_keys_choose_the_apps_anchors(tmp_path, monkeypatch):
     """The table's ``anchor_source`` / ``n_anchors`` (Acrobot heterogeneous: uniform
     anchors) pick the anchors the app's server builds and sends (FedQHDAnchor); other
     tasks and the shared setting keep 1000 rollout anchors; manual settings still win."""
     from fedqhd.learners import fqi
     from fedqhd.learners.fqi_online import LEARNER
 
-    assert online.online_settings("Acrobot-v1", "heterogeneous")["anchor_source"] == "uniform"
+    assert _preset("Acrobot-v1", "heterogeneous")[0]["anchor-source"] == "uniform"
     asked: list[tuple[str, str, int]] = []
     made: list[np.ndarray] = []
     real = fqi.make_anchors
@@ -228,9 +249,8 @@ def test_a_tasks_anchor_keys_choose_the_apps_anchors(monkeypatch):
     n_made = len(asked)
     assert C.ANCHORS not in LEARNER.server_plan(shared).initial_arrays
     assert len(asked) == n_made
-    entry = ONLINE_SETTINGS["Acrobot-v1"]
-    monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1", {**entry, "n_anchors": 77})
-    assert server_anchors(**{"env-id": "Acrobot-v1"}) == ("uniform", 77)
+    mine = write_preset(tmp_path, **{"anchor-source": "uniform", "num-anchors": 77})
+    assert server_anchors(**{"env-id": "Acrobot-v1", "online-settings": mine}) == ("uniform", 77)
 
 
 def _federate(tmp_path, n_clients: int = 2, base: dict | None = None, **keys
@@ -246,14 +266,14 @@ def _federate(tmp_path, n_clients: int = 2, base: dict | None = None, **keys
 
 def test_a_tasks_act_local_key_makes_the_apps_clients_collect_with_their_own_fit(
         tmp_path, monkeypatch):
-    """Acrobot's table sets ``act_local`` (readout averaging: each client collects with its
+    """Acrobot's preset sets ``act-local`` (readout averaging: each client collects with its
     own last fit); other tasks act with the global readout. In the app, round 2 of a client
     collects with its own round-1 fit under online-act-local, and with the average of the
     round-1 fits (the global readout, the same for every client) without."""
     assert RunConfig.from_run_config({"protocol": "online",
-                                      "env-id": "Acrobot-v1"}).online_act_local is True
+                                      "env-id": "Acrobot-v1"}).online.act_local is True
     assert RunConfig.from_run_config({"protocol": "online",
-                                      "env-id": "CartPole-v1"}).online_act_local is False
+                                      "env-id": "CartPole-v1"}).online.act_local is False
     acted: dict[int, list[np.ndarray]] = defaultdict(list)
     fitted: dict[int, list[tuple[np.ndarray, int]]] = defaultdict(list)
     node: dict[str, int] = {}
@@ -279,9 +299,12 @@ def test_a_tasks_act_local_key_makes_the_apps_clients_collect_with_their_own_fit
     for act_local in (True, False):
         acted.clear()
         fitted.clear()
-        _federate(tmp_path / str(act_local), strategy="avg", **{
-            "num-server-rounds": 2, "hd-dim": 60, "online-act-local": act_local,
-            "weight-cap-factor": 0.0})
+        preset = write_preset(tmp_path, f"local-{act_local}", **{
+            "hd-dim": 60, "gamma": 0.9, "ridge": 1.0, "proximal": 0.01, "local-iterations": 5,
+            "episodes-per-round": 20, "act-local": act_local})
+        _federate(tmp_path / str(act_local), strategy="avg", base={
+            "protocol": "online", "eval-episodes": 3, "min-nodes": 2}, **{
+            "online-settings": preset, "online-episodes": 40, "weight-cap-factor": 0.0})
         own = [fitted[pid][0][0] for pid in (0, 1)]
         second = [acted[pid][1] for pid in (0, 1)]
         assert np.abs(own[0] - own[1]).max() > 1e-6  # two different fits
@@ -295,35 +318,33 @@ def test_a_tasks_act_local_key_makes_the_apps_clients_collect_with_their_own_fit
                                        rtol=1e-12, atol=1e-12)
 
 
-def test_a_tasks_obs_scale_key_rescales_every_encoder_alike(monkeypatch):
-    """``obs_scale`` multiplies the task's bounds for the encoders only: every client of
-    the app (shared and heterogeneous encoders, via ``online-obs-scale``) and the server's
-    evaluation encoder divide by the same scale; bad multipliers are refused with the key
-    named."""
+def test_a_presets_obs_scale_rescales_every_encoder_alike(tmp_path):
+    """``obs-scale`` multiplies the task's bounds for the encoders only: every client of
+    the app (shared and heterogeneous encoders) and the server's evaluation encoder divide
+    by the same scale; offline runs keep the bounds; a wrong count is refused."""
     scale = (1.0, 1.0, 1.0, 1.0, 0.5, 0.25)
-    monkeypatch.setitem(ONLINE_SETTINGS, "Acrobot-v1",
-                        {**ONLINE_SETTINGS["Acrobot-v1"], "obs_scale": scale})
+    preset = write_preset(tmp_path, "acro", **{"obs-scale": list(scale)})
     bound = get_spec("Acrobot-v1").obs_bound * np.array(scale)
     for encoder in ("shared", "heterogeneous"):
         cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
-                                         "encoder": encoder})
-        assert cfg.obs_scale == scale
+                                         "encoder": encoder, "online-settings": preset})
+        assert cfg.online.obs_scale == scale
         np.testing.assert_allclose(encoder_scale(cfg), bound)
         for pid in range(len(HETEROGENEOUS_DIMS)):
             client, _ = _new_client(cfg, pid, len(HETEROGENEOUS_DIMS))
             np.testing.assert_allclose(client.encoder.scale_, bound)
         np.testing.assert_allclose(shared_encoder(cfg).scale_, bound)  # server's evaluation
-    # offline runs keep the task's bounds; wrong length or sign is refused
-    offline = RunConfig.from_run_config({"env-id": "Acrobot-v1",
-                                         "online-obs-scale": "1,1,1,1,0.5,0.25"})
-    np.testing.assert_allclose(client_encoder(offline, 1).scale_,
-                               get_spec("Acrobot-v1").obs_bound)
-    for bad in ("1,2", "1,1,1,1,1,-1", "a,b"):
-        with pytest.raises(ConfigError, match="online-obs-scale"):
-            RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
-                                       "env-id": "Acrobot-v1", "online-obs-scale": bad})
+        offline = cfg.replace(protocol="offline")
+        np.testing.assert_allclose(client_encoder(offline, 1).scale_,
+                                   get_spec("Acrobot-v1").obs_bound)
+    short = write_preset(tmp_path, "short", **{"obs-scale": [1, 2]})
+    with pytest.raises(ConfigError, match="'obs-scale'.*needs 6 multipliers"):
+        RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
+                                   "online-settings": short})
+    from fedqhd.learners.fqi import encoder_bound
+
     with pytest.raises(ValueError, match="obs_scale"):
-        online.encoder_bound("Acrobot-v1", (1.0, 0.0, 1, 1, 1, 1))
+        encoder_bound("Acrobot-v1", (1.0, 0.0, 1, 1, 1, 1))
 
 
 def test_lunarlander_default_encoder_tells_a_soft_touchdown_from_a_crash():
@@ -354,9 +375,9 @@ def test_lunarlander_default_encoder_tells_a_soft_touchdown_from_a_crash():
 
 @pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
 def test_online_app_runs_with_the_per_task_settings(tmp_path, encoder):
-    # online-settings = "auto": the table's CartPole settings (tail, epsilon, K) in the app
-    k = online.online_settings("CartPole-v1", encoder)["episodes_per_round"]
-    auto = {"protocol": "online", "eval-episodes": 3, "min-nodes": 2}  # the table's keys
+    # online-settings = "auto": the preset's CartPole settings (tail, epsilon, K) in the app
+    k = _preset("CartPole-v1", encoder)[0]["episodes-per-round"]
+    auto = {"protocol": "online", "eval-episodes": 3, "min-nodes": 2}  # the preset's keys
     rounds = _run(tmp_path, base=auto, encoder=encoder,
                   **{"online-settings": "auto", "online-episodes": 2 * k})["rounds"]
     assert len(rounds) == 2 and all(r[C.REPLIES_OK] == 2 for r in rounds)
@@ -393,17 +414,12 @@ def test_rounds_that_disagree_with_the_auto_episodes_are_refused():
 
 
 def test_keys_the_auto_settings_would_replace_are_refused():
-    """online-settings = auto takes the learner keys from the task's table; a key given
+    """online-settings = auto takes the run-config keys the task's preset sets; a key given
     with another value would be dropped without a word, so it is refused, naming the
-    key, its value and the table's; the default or the table's own value passes."""
-    with pytest.raises(ConfigError, match=r"'gamma' = 0.95 \(auto: 0.9\).*'manual'"):
+    key, its value and the preset's; the default or the preset's own value passes."""
+    with pytest.raises(ConfigError, match=r"'gamma' = 0.95 \(preset: 0.9\).*'manual'"):
         RunConfig.from_run_config({"protocol": "online", "gamma": 0.95})
-    with pytest.raises(ConfigError, match=r"'epsilon-floor' = 0.1 \(auto: 0.0\)"):
-        RunConfig.from_run_config({"protocol": "online", "epsilon-floor": 0.1})
-    with pytest.raises(ConfigError, match="'online-obs-scale'"):
-        RunConfig.from_run_config({"protocol": "online", "env-id": "LunarLander-v3",
-                                   "online-obs-scale": "1,1,1,1,1,1,1,1"})
-    with pytest.raises(ConfigError, match=r"'gamma' = 0.9 \(auto: 0.99\)"):
+    with pytest.raises(ConfigError, match=r"'gamma' = 0.9 \(preset: 0.99\)"):
         RunConfig.from_run_config({"protocol": "online", "learner": "dqn", "gamma": 0.9})
     same = RunConfig.from_run_config({"protocol": "online", "gamma": 0.9, "hd-dim": 500})
     assert (same.gamma, same.hd_dim) == (0.9, 500)
@@ -426,13 +442,15 @@ def test_round_train_return_is_the_papers_plain_mean_over_clients(encoder):
     assert plan.evaluate(plan.initial_arrays)[TRAIN_RETURN_LAST100] == 20.0
 
 
-def test_manual_keys_reach_the_apps_clients():
-    """online-settings = manual: the app's client takes every learner key as given."""
-    cfg = RunConfig.from_run_config({
-        "protocol": "online", "online-settings": "manual", "hd-dim": 20, "gamma": 0.8,
-        "ridge": 2.0, "proximal": 0.05, "episodes-per-round": 4, "online-per-episode": 7,
-        "online-n-step": 3, "online-tail": 5, "online-action-gap": 0.3,
-        "online-mc-mix": 0.4, "online-mc-window": 30, "online-ucb": 1.5})
+def test_a_user_presets_keys_reach_the_apps_clients(tmp_path):
+    """online-settings = a preset file: the app's client takes every setting it gives."""
+    preset = write_preset(tmp_path, **{
+        "hd-dim": 20, "gamma": 0.8, "ridge": 2.0, "proximal": 0.05, "episodes-per-round": 4,
+        "per-episode": 7, "n-step": 3, "tail": 5, "action-gap": 0.3, "mc-mix": 0.4,
+        "mc-window": 30, "ucb": 1.5})
+    cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": preset,
+                                     "online-episodes": 8})
+    assert cfg.num_server_rounds == 2
     client, _ = _new_client(cfg, 0, 2)
     assert (client.dim, client.gamma, client.ridge, client.proximal) == (20, 0.8, 2.0, 0.05)
     assert (client.n_parallel, client.per_episode, client.n_step, client.tail) == (4, 7, 3, 5)

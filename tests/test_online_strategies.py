@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flwr.app import Message
 from messages import reply as _reply
+from presets_util import write_preset
 
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
@@ -23,7 +24,7 @@ from fedqhd.strategies.truncate import truncated_mean, with_head
 
 KEYS = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma": 0.9,
         "ridge": 1.0, "proximal": 0.01, "local-iterations": 5, "episodes-per-round": 20,
-        "eval-episodes": 2, "online-capacity": 400, "seed": 7, "num-server-rounds": 6}
+        "eval-episodes": 2, "seed": 7, "num-server-rounds": 6}
 def _run(tmp_path, n: int, **keys) -> list[dict]:
     """The round rows of a short online run of ``n`` ClientApps in process."""
     cfg = RunConfig.from_run_config({**KEYS, "min-nodes": n, "output-dir": str(tmp_path),
@@ -33,13 +34,20 @@ def _run(tmp_path, n: int, **keys) -> list[dict]:
     return json.loads((out / "results.json").read_text())["rounds"]
 
 
-@pytest.mark.parametrize("key,value", [("online-act-local", True), ("online-ucb", 2.0)])
-def test_the_collection_keys_change_what_clients_collect(tmp_path, key, value):
-    """``online-act-local`` (each client collects with its own last fit) and
-    ``online-ucb`` (optimistic collection) change the data, so the curve: each run is
-    FedQHD's readout averaging, learns, and is not the plain run's."""
-    plain = _run(tmp_path / "plain", 3, strategy="avg", encoder="shared")
-    changed = _run(tmp_path / "changed", 3, strategy="avg", encoder="shared", **{key: value})
+@pytest.mark.parametrize("key,value", [("act-local", True), ("ucb", 2.0)])
+def test_the_collection_settings_change_what_clients_collect(tmp_path, key, value):
+    """``act-local`` (each client collects with its own last fit) and ``ucb`` (optimistic
+    collection) change the data, so the curve: each run is FedQHD's readout averaging,
+    learns, and is not the plain run's."""
+    small = {k: KEYS[k] for k in ("hd-dim", "gamma", "ridge", "proximal", "local-iterations",
+                                  "episodes-per-round")}
+    runs = {}
+    for name, extra in (("plain", {}), ("changed", {key: value})):
+        preset = write_preset(tmp_path, name, **small, **extra)
+        runs[name] = _run(tmp_path / name, 3, strategy="avg", encoder="shared",
+                          **{"online-settings": preset, "online-episodes": 6 * 20,
+                             "num-server-rounds": 6, "hd-dim": 300, "gamma": 0.9})
+    plain, changed = runs["plain"], runs["changed"]
     curve = [r[TRAIN_RETURN_LAST100] for r in changed]
     assert curve[-1] > curve[0]  # something is learned, so the curves say something
     assert curve != [r[TRAIN_RETURN_LAST100] for r in plain]
@@ -353,8 +361,7 @@ def test_pooled_needs_one_shared_encoder_and_every_client():
     with pytest.raises(ConfigError, match="'fraction-train' = 1"):
         RunConfig.from_run_config({**base, "fraction-train": 0.5})
     with pytest.raises(ConfigError, match="'hd-dim' <= the buffer's capacity"):
-        RunConfig.from_run_config({**base, "online-settings": "manual", "hd-dim": 500,
-                                   "online-capacity": 400})
+        RunConfig.from_run_config({**base, "online-settings": "manual", "hd-dim": 4000})
     with pytest.raises(ConfigError, match="'strategy' = 'pooled'.*'protocol' = 'online'"):
         RunConfig.from_run_config({"strategy": "pooled"})
     cfg = RunConfig.from_run_config({**base, "env-id": "Acrobot-v1"})  # the table's D 1000
@@ -392,10 +399,11 @@ def test_app_distillation_feddqn_distils_one_teacher_per_round_into_every_client
         return before, after
 
     monkeypatch.setattr(DQNClients, "distill", spy)
+    preset = write_preset(tmp_path, "dqn", **{"episodes-per-round": k, "num-anchors": 50,
+                                              "epsilon": [0.2, 0.9, 0.01]})
     cfg = RunConfig.from_run_config({
         "protocol": "online", "learner": "dqn", "strategy": "anchor", "encoder": "heterogeneous",
-        "online-settings": "manual", "episodes-per-round": k, "num-server-rounds": rounds_n,
-        "epsilon-start": 0.2, "epsilon-decay": 0.9, "epsilon-floor": 0.01, "num-anchors": 50,
+        "online-settings": preset, "online-episodes": k * rounds_n,
         "weighting": "uniform", "eval-episodes": 1, "seed": 3, "min-nodes": n,
         "output-dir": str(tmp_path)})
     _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),

@@ -190,8 +190,9 @@ class GymBatch:
         return self.obs.copy(), rewards, terminated
 
 
-_BATCH = {"CartPole-v1": CartPoleBatch, "MountainCar-v0": MountainCarBatch,
-          "Acrobot-v1": AcrobotBatch}
+_BATCH: dict[str, type[CartPoleBatch] | type[MountainCarBatch] | type[AcrobotBatch]] = {
+    "CartPole-v1": CartPoleBatch, "MountainCar-v0": MountainCarBatch,
+    "Acrobot-v1": AcrobotBatch}
 
 
 def numpy_stepper(env_id: str, n: int, rng: np.random.Generator,
@@ -234,7 +235,8 @@ def batch_rollout_returns(env_id: str, policy: BatchPolicy, n_episodes: int, see
         first = []
         for i, s in enumerate(seeds):
             first.append(np.asarray(env.reset(seed=int(s))[0], dtype=np.float32).reshape(-1))
-            stepper.state[i] = np.asarray(env.unwrapped.state, dtype=np.float64)
+            stepper.state[i] = np.asarray(env.unwrapped.state,  # type: ignore[attr-defined]
+                                          dtype=np.float64)
         obs = np.stack(first)
     finally:
         env.close()

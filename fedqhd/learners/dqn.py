@@ -146,8 +146,8 @@ def _new_node(cfg: RunConfig, pid: int, n_parts: int) -> DQNNode:
     networks = ([initial_networks(cfg.env_id, cfg.seed, hidden[:pid + 1])[pid]]
                 if is_distillation(cfg) else None)  # FedAvg: the global network, each round
     client = DQNClients(cfg.env_id, 1, cfg.seed, hidden=[hidden[pid]], gamma=cfg.gamma,
-                        eps_start=cfg.epsilon_start, eps_decay=cfg.epsilon_decay,
-                        eps_min=cfg.epsilon_floor,
+                        eps_start=cfg.online.epsilon[0], eps_decay=cfg.online.epsilon[1],
+                        eps_min=cfg.online.epsilon[2],
                         dynamics=_dynamics(cfg, pid, n_parts) or None, first_client=pid,
                         networks=networks,
                         pad_to=(max(h[0] for h in hidden), max(h[1] for h in hidden)),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from logging import WARNING
 from typing import Any
 
@@ -47,7 +47,6 @@ from fedqhd.learners.base import (
 )
 from fedqhd.learners.cache import BoundedCache
 from fedqhd.memory import GIB, FitMemoryError, available_memory, fit_memory, format_bytes
-from fedqhd.online import encoder_bound
 from fedqhd.readout import (
     RidgeFQI,
     RidgeSystem,
@@ -321,10 +320,24 @@ def readout_evaluator(cfg: RunConfig) -> Callable[[ArrayRecord], MetricRecord]:
 
 
 # ---------------------------------------------------------------- settings -> objects
+def encoder_bound(env_id: str, obs_scale: Sequence[float] | None = None) -> np.ndarray:
+    """The per-coordinate scale the online encoders divide observations by: the task's
+    ``obs_bound`` times ``obs_scale`` (one positive multiplier per coordinate; ``None``
+    or empty: the bound itself). The env's own bounds (value checks, anchors) stay."""
+    bound = np.asarray(get_spec(env_id).obs_bound, dtype=float)
+    if obs_scale is None or len(obs_scale) == 0:
+        return bound
+    scale = np.asarray(obs_scale, dtype=float)
+    if scale.shape != bound.shape or not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+        raise ValueError(f"obs_scale for {env_id} needs {bound.size} positive finite "
+                         f"multipliers, got {list(obs_scale)!r}")
+    return bound * scale
+
+
 def encoder_scale(cfg: RunConfig) -> np.ndarray:
-    """What the run's encoders divide observations by: the task's bounds, times
-    ``online-obs-scale`` in online runs (:func:`fedqhd.online.encoder_bound`)."""
-    scale = cfg.obs_scale if cfg.protocol == "online" else ()
+    """What the run's encoders divide observations by: the task's bounds, times the online
+    settings' ``obs-scale`` in online runs (:func:`encoder_bound`)."""
+    scale = cfg.online.obs_scale if cfg.protocol == "online" else ()
     return encoder_bound(cfg.env_id, scale)
 
 

@@ -51,7 +51,6 @@ from fedqhd.learners.fqi import FQI, client_encoder, greedy_return, readout_eval
 from fedqhd.online import (
     OnlineClient,
     default_capacity,
-    discount_schedule,
     epsilon_schedule,
 )
 from fedqhd.seeding import shard_seed
@@ -88,15 +87,12 @@ def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, d
     dynamics = partition_settings(cfg.partition, pid, n_parts, cfg.seed,
                                   env_id=cfg.env_id)["dynamics"]
     dim = int(encoder.omega_.shape[1])
-    capacity = cfg.online_capacity or default_capacity(dim)
+    settings = cfg.online
     client = OnlineClient(cfg.env_id, encoder, gamma=cfg.gamma, ridge=cfg.ridge,
-                          proximal=cfg.proximal, action_gap=cfg.online_action_gap,
-                          fuse=cfg.online_fuse, n_step=cfg.online_n_step,
-                          tail=cfg.online_tail, pessimism=cfg.online_pessimism,
-                          sweep_tol=cfg.online_sweep_tol, mc_mix=cfg.online_mc_mix,
-                          ucb=cfg.online_ucb, boltzmann=cfg.online_boltzmann,
-                          mc_window=cfg.online_mc_window, capacity=capacity,
-                          per_episode=cfg.online_per_episode,
+                          proximal=cfg.proximal, action_gap=settings.action_gap,
+                          n_step=settings.n_step, tail=settings.tail, mc_mix=settings.mc_mix,
+                          ucb=settings.ucb, mc_window=settings.mc_window,
+                          capacity=default_capacity(dim), per_episode=settings.per_episode,
                           n_parallel=cfg.episodes_per_round,
                           seed=shard_seed(cfg.seed, pid), dynamics=dynamics or None)
     return client, {"dynamics": dynamics}
@@ -200,7 +196,7 @@ def _adopt(client: OnlineClient, cache: dict[str, Any], arrays: Arrays, cfg: Run
             features = _anchor_features(client, cache, arrays[C.ANCHORS])
             cache["teacher-digest"] = digest
             cache["projection-residual"] = client.compile(
-                features, teacher, cfg.online_compile_ridge or cfg.ridge)
+                features, teacher, cfg.ridge)
         metrics[C.PROJECTION_RESIDUAL] = cache["projection-residual"]
 
 
@@ -296,15 +292,11 @@ class FQIOnline(FQI):
         own = client.readout
         _adopt(client, cache, arrays, cfg, metrics)
         start = client.readout.copy()
-        if cfg.online_act_local and cfg.resolved_strategy == "avg":
+        if cfg.online.act_local and cfg.resolved_strategy == "avg":
             client.readout = own  # collect with its own last fit, as the paper's clients do
         done = len(client.episode_returns)
-        schedule = epsilon_schedule(cfg.epsilon_start, cfg.epsilon_decay, cfg.epsilon_floor,
-                                    cfg.epsilon_until)
         k = cfg.episodes_per_round
-        client.collect(k, schedule(np.arange(done, done + k)))
-        client.gamma = discount_schedule(cfg.gamma, cfg.online_gamma_final,
-                                         cfg.online_gamma_ramp)(done + k)
+        client.collect(k, epsilon_schedule(*cfg.online.epsilon)(np.arange(done, done + k)))
         strategy = cfg.resolved_strategy
         if strategy != "pooled":  # the oracle's fit is the server's sweeps (pooled_sweep)
             client.fit(cfg.local_iterations, init=start, prior=start)

@@ -90,7 +90,7 @@ class RunRecorder:
                                       if self.rounds else 0.0)
         if rows is not None:
             return
-        info = {"config": cfg.to_run_config(), "seed": cfg.seed, "fedqhd-version": __version__,
+        info = {"config": cfg.record(), "seed": cfg.seed, "fedqhd-version": __version__,
                 "python": platform.python_version(), "versions": package_versions(),
                 "started": datetime.now().isoformat()}
         info.update(extra or {})
