@@ -272,7 +272,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``--set`` values as Flower's ``--run-config`` reads them (TOML values: strings in
     quotes, ``true``/``false``), validated as run-config keys; returns RunConfig fields.
-    A value that is not TOML is taken as a bare string (``--set client-update=proximal``)."""
+    A value that is not TOML is taken as a bare string (``--set partition=iid``)."""
     from click import ClickException
     from flwr.common.config import parse_config_args
 

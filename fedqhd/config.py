@@ -18,21 +18,20 @@ from typing import Any
 
 from fedqhd.anchors import ANCHOR_SOURCES
 from fedqhd.data.partition import PARTITIONS
-from fedqhd.data.shard import MAX_COMPRESSION_RATIO, MAX_TRANSITIONS, VALUE_CHECKS
 from fedqhd.encoders import ENCODER_KINDS
 from fedqhd.envs import env_ids, get_spec, is_registered, load_env_modules
-from fedqhd.envs.inventory import DEMANDS as POOL_DEMANDS
-from fedqhd.envs.inventory import MODELS as INVENTORY_DYNAMICS
 from fedqhd.learners import get_learner, learner_names
 from fedqhd.online import default_capacity
-from fedqhd.pool.api import ZONINGS as POOL_ZONINGS
-from fedqhd.pool.learner import KERNELS
-from fedqhd.presets import OnlineSettings, PresetError, builtin_preset, load_preset, resolve_preset
-from fedqhd.privacy.noise import NOISE_KINDS
+from fedqhd.presets import (
+    OnlineSettings,
+    PoolSettings,
+    PresetError,
+    builtin_preset,
+    load_preset,
+    resolve_preset,
+)
 from fedqhd.strategies.base import WEIGHTINGS
 from fedqhd.strategies.screening import AGGREGATIONS
-
-POOL_KERNELS = ("auto", *KERNELS)  #: run-config pool-kernel; auto: shared on post-decision zones
 
 #: the function-space strategy: auto (avg for a shared encoder, else anchor), avg, anchor,
 #: exact (pooled ridge FQI from sufficient statistics; shared encoder, fqi, offline), and the
@@ -42,24 +41,21 @@ POOL_KERNELS = ("auto", *KERNELS)  #: run-config pool-kernel; auto: shared on po
 STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor", "exact", "none", "truncate", "pooled")
 #: strategies that exist only as the paper's online baselines
 BASELINE_STRATEGIES: tuple[str, ...] = ("none", "truncate", "pooled")
-#: how FedQHDAvg clients update: one consensus-ADMM step (fixed point = pooled FQI) or
-#: local sweeps pulled toward the global readout
-CLIENT_UPDATES: tuple[str, ...] = ("admm", "proximal")
 #: numbers of a node learner's in-memory feature table (float32: half the bytes, rounded)
 FEATURE_DTYPES: tuple[str, ...] = ("float64", "float32")
 #: where the data come from: fixed private shards, or episodes collected every round
 PROTOCOLS: tuple[str, ...] = ("offline", "online")
 #: online protocol: "auto" takes the task's preset file (:mod:`fedqhd.presets`), "manual"
 #: the keys as given and the online learner's defaults; any other value is a preset's path
-ONLINE_SETTINGS_MODES: tuple[str, ...] = ("auto", "manual")
+PRESET_MODES: tuple[str, ...] = ("auto", "manual")
 
 
 class ConfigError(ValueError):
     """A run-config key has a bad value; the message names the key and the valid range."""
 
 
-def _online_settings(v: Any) -> str | None:
-    if v in ONLINE_SETTINGS_MODES or (isinstance(v, str) and v.endswith(".toml")):
+def _preset(v: Any) -> str | None:
+    if v in PRESET_MODES or (isinstance(v, str) and v.endswith(".toml")):
         return None
     return "auto, manual, or the path of a preset file (.toml)"
 
@@ -115,17 +111,6 @@ class RunConfig:
                                                           "behaviour randomness, lowest"))
     epsilon_max: float = field(default=1.0, metadata=_key(_float_range(0.0, 1.0),
                                                           "behaviour randomness, highest"))
-    value_check: str = field(default="refuse", metadata=_key(
-        _choice(VALUE_CHECKS), "shard values far outside the env's bounds (docs/data.md): "
-        "refuse, warn (flag: a warning and the reply metric value-flags) or off"))
-    max_shard_transitions: int = field(default=MAX_TRANSITIONS, metadata=_key(
-        _int_range(1, 2**62), "most rows a shard file may declare (checked before loading)"))
-    max_compression_ratio: float = field(default=MAX_COMPRESSION_RATIO, metadata=_key(
-        _float_range(1.0, 1e12), "most a shard archive may expand (uncompressed / file "
-        "size; archives under 16 MiB exempt); refused before decompressing"))
-    memory_cap_gib: float = field(default=0.0, metadata=_key(
-        _float_range(0.0, 1e9), "GiB a client's learner may allocate for its fit (0: the "
-        "memory available when it starts); above it the fit streams or is refused"))
     encoder: str = field(default="shared", metadata=_key(_choice(ENCODER_KINDS),
                                                          "one encoder for all or one each"))
     hd_dim: int = field(default=2000, metadata=_key(_int_range(8, 200_000),
@@ -143,13 +128,11 @@ class RunConfig:
     local_iterations: int = field(default=3, metadata=_key(_int_range(1, 10_000),
                                                            "FQI sweeps per round"))
     proximal: float = field(default=0.3, metadata=_key(
-        _float_range(0.0, 1e9), "pull toward the global readout (client-update=proximal) "
+        _float_range(0.0, 1e9), "pull toward the global readout (online readout averaging) "
         "or the compiled teacher (anchor)"))
-    client_update: str = field(default="admm", metadata=_key(
-        _choice(CLIENT_UPDATES), "FedQHDAvg clients: admm (fixed point = pooled FQI) or "
-        "proximal (pulled toward the global readout)"))
     admm_penalty: float = field(default=2.5e-4, metadata=_key(
-        _float_range(0.0, 1e6, lo_open=True), "per-transition ADMM penalty (client-update=admm)"))
+        _float_range(0.0, 1e6, lo_open=True), "per-transition ADMM penalty (offline readout "
+        "averaging: consensus ADMM, whose fixed point is pooled FQI)"))
     strategy: str = field(default="auto", metadata=_key(
         _choice(STRATEGIES), "auto: avg if shared, else anchor; online baselines: none "
         "(independent learners), truncate (truncate-and-average)"))
@@ -167,18 +150,9 @@ class RunConfig:
                                                     "nodes to wait for before a round"))
     output_dir: str = field(default="outputs", metadata=_key(
         lambda v: None if v else "a folder path", "results go to <output-dir>/<date>/<time>/"))
-    learner_cache_mib: int = field(default=1024, metadata=_key(_int_range(0, 1 << 30), (
-        "MiB of node learners (encoded shards) one process keeps between rounds; the "
-        "rest are rebuilt per message (same results)")))
     feature_dtype: str = field(default="float64", metadata=_key(_choice(FEATURE_DTYPES), (
         "numbers of a node learner's in-memory features: float64 (exact) or float32 (half "
         "the bytes, 10x cheaper encode; readouts move about 1e-7 relative)")))
-    sim_window: int = field(default=32, metadata=_key(_int_range(0, 1 << 30), (
-        "flwr run simulation only: messages stored at once (0: all, as Flower does); "
-        "Flower's engine scans every stored message per node and poll")))
-    sim_index: bool = field(default=True, metadata=_key(lambda v: None, (
-        "flwr run simulation only: index Flower's in-memory link state by node, so the "
-        "engine's per-node poll checks that node's messages, not every stored one")))
     round_timeout: float = field(default=600.0, metadata=_key(
         _float_range(0.0, 1e6, lo_open=True),
         "seconds to wait for a round's replies; late or lost ones count as timed out"))
@@ -215,13 +189,13 @@ class RunConfig:
         _choice(PROTOCOLS), "offline: fixed private shards; online: clients collect "
         "episodes-per-round episodes with their current policy every round (fqi)"))
     online_episodes: int = field(default=600, metadata=_key(
-        _int_range(1, 10_000_000), "online, online-settings = auto: episodes each client "
+        _int_range(1, 10_000_000), "online, preset = auto: episodes each client "
         "collects in the run (the paper: 600); sets num-server-rounds to "
         "ceil(online-episodes / episodes-per-round)"))
     episodes_per_round: int = field(default=20, metadata=_key(
         _int_range(1, 100_000), "online: episodes each client collects per round"))
-    online_settings: str = field(default="auto", metadata=_key(
-        _online_settings, "online: auto = the task's preset (fedqhd/presets/<env-id>.toml; "
+    preset: str = field(default="auto", metadata=_key(
+        _preset, "online: auto = the task's preset (fedqhd/presets/<env-id>.toml; "
         "learner dqn: dqn.toml), which sets hd-dim, bandwidth, gamma, ridge, proximal, "
         "local-iterations, episodes-per-round and the learner's own settings, and as many "
         "rounds as online-episodes take; a path = your own preset file; manual = the keys "
@@ -237,44 +211,13 @@ class RunConfig:
     # ---- pool learner (learner = "pool", env-id = fedqhd/Inventory-v0) ----
     pool_rho: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e6, lo_open=True),
                                                        "zCDP rho of a client's one release "
-                                                       "(node config 'rho' overrides)"))
-    pool_rho_budget: float = field(default=10.0, metadata=_key(
-        _float_range(0.0, 1e6, lo_open=True), "a client's total rho budget "
-        "(node config 'rho-budget' overrides)"))
-    pool_delta: float = field(default=1e-5, metadata=_key(
-        _float_range(0.0, 1.0, lo_open=True, hi_open=True), "delta of epsilon and E_rho"))
-    pool_noise: str = field(default="opendp", metadata=_key(
-        _choice(NOISE_KINDS), "opendp (secure, the default) | numpy (experiments only, "
-        "NOT secure) | none (node config 'noise' overrides)"))
-    reproducible_noise: bool = field(default=False, metadata=_key(
-        lambda v: None, "numpy noise seeded from (seed, partition-id) so anyone with the run "
-        "config can regenerate it; off: fresh entropy per release (opendp is never seeded)"))
+                                                       "(node config 'rho' overrides; the "
+                                                       "budget and the noise are the node's)"))
     non_private: bool = field(default=False, metadata=_key(
         lambda v: None, "mark the run non-private: only then are noise-free clients accepted"))
-    pool_products: int = field(default=2, metadata=_key(_int_range(1, 8),
-                                                        "w products (w + d = 2w)"))
-    pool_horizon: int = field(default=7, metadata=_key(_int_range(1, 100), "H stages"))
-    pool_dynamics: str = field(default="lost_sales", metadata=_key(
-        _choice(INVENTORY_DYNAMICS), "inventory dynamics"))
-    pool_demand: str = field(default="uniform", metadata=_key(_choice(POOL_DEMANDS),
-                                                              "demand: U[0, D_max] or bike"))
-    pool_trajectories: int = field(default=1000, metadata=_key(
-        _int_range(1, 10_000_000), "trajectories in a client's shard"))
-    pool_zones: int = field(default=50, metadata=_key(_int_range(1, 100_000),
-                                                      "M zones"))
-    pool_zoning: str = field(default="post-decision", metadata=_key(
-        _choice(POOL_ZONINGS), "post-decision (zones over y = s + a) | norm (the paper's) | grid"))
-    pool_kernel: str = field(default="auto", metadata=_key(
-        _choice(POOL_KERNELS), "next-state kernel: shared (one demand law per stage) | zone "
-        "(the paper's) | auto (shared for post-decision zones)"))
-    pool_cells: int = field(default=20, metadata=_key(_int_range(1, 100_000),
-                                                      "next-state cells"))
-    pool_lambda: float = field(default=1.0, metadata=_key(
-        _float_range(0.0, 1.0, lo_open=True), "observable boundary |lambda| per coordinate"))
-    pool_trust: float = field(default=1.0, metadata=_key(
-        _float_range(0.0, 1.0), "weight of the teacher in a client's policy"))
-    pool_eval_episodes: int = field(default=2000, metadata=_key(
-        _int_range(1, 10_000_000), "inventory episodes per evaluation (common random numbers)"))
+    #: the POOL learner's settings, from the preset (not a run-config key)
+    pool: PoolSettings = field(default=PoolSettings(), init=False,
+                               metadata={"check": lambda v: None, "key": False})
 
     def __post_init__(self) -> None:
         if not isinstance(self.env_module, str):
@@ -292,7 +235,7 @@ class RunConfig:
                 raise ConfigError(f"run-config key '{_kebab(f.name)}' = {value!r} is invalid: "
                                   f"expected {problem}")
         # the keys as given are checked above; a preset's values replace them
-        if self.protocol == "online":
+        if self.protocol == "online" or self.learner == "pool":
             self._take_preset()
         if self.epsilon_min > self.epsilon_max:
             raise ConfigError(f"run-config keys 'epsilon-min' ({self.epsilon_min}) and "
@@ -370,22 +313,25 @@ class RunConfig:
                               f"and capacity {capacity} (min(20000, 1e7 / hd-dim))")
 
     def _take_preset(self) -> None:
-        """Take the online settings ``online-settings`` names: a preset's run-config keys
+        """Take the online settings ``preset`` names: a preset's run-config keys
         (refused when given with another value: the preset would replace them without a
         word), its learner settings, and as many rounds as ``online-episodes`` take."""
-        if self.online_settings == "manual":
+        if self.preset == "manual":
             return
-        if self.online_settings == "auto":
-            path = builtin_preset("dqn" if self.learner == "dqn" else self.env_id)
+        pool = self.learner == "pool"
+        if self.preset == "auto":
+            path = builtin_preset("pool" if pool else "dqn" if self.learner == "dqn"
+                                  else self.env_id)
             if path is None:  # an env nobody tuned: the learner's defaults, for now
                 return
         else:
-            path = Path(self.online_settings).expanduser()
+            path = Path(self.preset).expanduser()
+        cls = PoolSettings if pool else OnlineSettings
         try:
-            run_keys, settings = resolve_preset(load_preset(path), self.encoder,
-                                                f"preset {path}")
+            run_keys, settings = resolve_preset(load_preset(path, cls), self.encoder,
+                                                f"preset {path}", cls)
         except PresetError as exc:
-            raise ConfigError(f"run-config key 'online-settings' = {self.online_settings!r}: "
+            raise ConfigError(f"run-config key 'preset' = {self.preset!r}: "
                               f"{exc}") from None
         by_key = {_kebab(f.name): f for f in fields(self)}
         values: dict[str, Any] = {}
@@ -408,12 +354,14 @@ class RunConfig:
         if replaced:
             raise ConfigError(
                 f"run-config key(s) {', '.join(replaced)} would be replaced by the preset "
-                f"{path} under 'online-settings' = {self.online_settings!r}: leave them out, "
-                "set them in your own preset file, or set 'online-settings' = 'manual' to "
+                f"{path} under 'preset' = {self.preset!r}: leave them out, "
+                "set them in your own preset file, or set 'preset' = 'manual' to "
                 "take every key as given")
         for name, v in values.items():
             object.__setattr__(self, name, v)
-        object.__setattr__(self, "online", settings)
+        object.__setattr__(self, "pool" if pool else "online", settings)
+        if self.protocol != "online":
+            return
         # the paper's protocol is counted in episodes: as many rounds as they take; a
         # num-server-rounds other than its default that disagrees is a mistake, not a wish
         rounds = math.ceil(self.online_episodes / self.episodes_per_round)
@@ -421,11 +369,11 @@ class RunConfig:
         if given not in (rounds, _field_default("num_server_rounds")):
             raise ConfigError(
                 f"run-config key 'num-server-rounds' = {given} disagrees with "
-                f"'online-settings' = {self.online_settings!r}, which runs "
+                f"'preset' = {self.preset!r}, which runs "
                 f"ceil(online-episodes / episodes-per-round) = ceil({self.online_episodes} / "
                 f"{self.episodes_per_round}) = {rounds} rounds (episodes-per-round of the "
                 f"preset): set 'online-episodes' = {given * self.episodes_per_round}"
-                f" for {given} rounds, or 'online-settings' = 'manual'")
+                f" for {given} rounds, or 'preset' = 'manual'")
         object.__setattr__(self, "num_server_rounds", rounds)
 
     def evaluates(self, server_round: int) -> bool:
@@ -469,7 +417,16 @@ class RunConfig:
     def record(self) -> dict[str, Any]:
         """The run-config keys and the online learner's settings (``online``), what
         ``run_config.json`` records."""
-        return {**self.to_run_config(), "online": self.online.to_dict()}
+        return {**self.to_run_config(), "online": self.online.to_dict(),
+                "pool": self.pool.to_dict()}
+
+    def with_pool(self, **changes: Any) -> RunConfig:
+        """A copy with POOL settings changed (``PoolSettings`` field names), for studies in
+        this process; nodes of a Flower run see only run-config keys (give them a preset
+        file instead)."""
+        out = dataclasses.replace(self)
+        object.__setattr__(out, "pool", dataclasses.replace(self.pool, **changes))
+        return out
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)

@@ -129,7 +129,7 @@ def run_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 
 def app_run_config(method: str, env_id: str, setting: str, seed: int, episodes: int = 600,
                    clients: int = 5) -> dict[str, Any]:
     """The run config of a cell: the method's keys, the task's online settings
-    (``online-settings = auto``), the paper's plain client weights (no client lies in a
+    (``preset = auto``), the paper's plain client weights (no client lies in a
     study: ``weight-cap-factor`` 0) and one greedy evaluation, after the last round (the
     training return is the paper's metric)."""
     return {"protocol": "online", "env-id": env_id, "encoder": setting, "seed": seed,

@@ -18,7 +18,7 @@ def _toml(value: Any) -> str:
 
 def write_preset(folder: Path, name: str = "preset", **keys: Any) -> str:
     """A preset file in ``folder`` with ``keys`` (``snake_case`` or kebab-case; a dict value
-    is an encoder table); returns its path, for ``online-settings``."""
+    is an encoder table); returns its path, for ``preset``."""
     lines, tables = [], []
     for key, value in keys.items():
         key = key.replace("_", "-")

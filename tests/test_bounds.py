@@ -100,11 +100,15 @@ def test_warn_flags_and_keeps_the_shard_and_off_does_not_look(tmp_path):
         load_shard(path, limits=ShardLimits(value_check="off"))
 
 
-def test_value_check_is_a_run_config_key_and_imports_take_it():
-    assert RunConfig().value_check == "refuse"
-    assert RunConfig.from_run_config({"value-check": "warn"}).value_check == "warn"
-    with pytest.raises(ConfigError, match="'value-check' = 'sometimes'.*refuse, warn, off"):
-        RunConfig.from_run_config({"value-check": "sometimes"})
+def test_value_check_is_the_nodes_own_and_imports_take_it():
+    from fedqhd.node_config import NodeConfigError, NodeSettings
+
+    assert NodeSettings.of({}).value_check == "refuse"
+    assert NodeSettings.of({"value-check": "warn"}).value_check == "warn"
+    with pytest.raises(NodeConfigError, match="'value-check' = 'sometimes'.*refuse, warn, off"):
+        NodeSettings.of({"value-check": "sometimes"})
+    with pytest.raises(ConfigError, match="unknown run-config key.*value-check"):
+        RunConfig.from_run_config({"value-check": "off"})  # the run submitter cannot lift it
     shard = _shard()
     obs = shard.observations.copy()
     obs[0, 3] = 1e30
@@ -221,7 +225,11 @@ def test_rows_are_capped_before_loading_and_honest_compressed_shards_load(tmp_pa
         archive.writestr("junk.npy", b"\x00" * 10)
     with pytest.raises(ShardError, match="unexpected arrays: junk"):
         load_shard(extra)
-    assert RunConfig.from_run_config({"max-shard-transitions": 5}).max_shard_transitions == 5
+    from fedqhd.node_config import NodeConfigError, NodeSettings
+
+    assert NodeSettings.of({"max-shard-transitions": 5}).max_shard_transitions == 5
+    with pytest.raises(NodeConfigError, match="'max-compression-ratio'"):
+        NodeSettings.of({"max-compression-ratio": 0.5})
     with pytest.raises(ValueError, match="max_compression_ratio"):
         ShardLimits(max_compression_ratio=0.5)
 
@@ -347,9 +355,9 @@ def test_a_run_refuses_or_flags_a_far_out_shard_and_records_it(tmp_path):
     rows = {}
     for check in ("refuse", "warn"):
         cfg = RunConfig(output_dir=str(tmp_path / check), data_dir=str(data), hd_dim=100,
-                        num_server_rounds=1, eval_episodes=1, value_check=check,
-                        min_success_fraction=0.5)
-        grid = InProcessGrid([client_app] * 3, run_config=cfg.to_run_config())
+                        num_server_rounds=1, eval_episodes=1, min_success_fraction=0.5)
+        grid = InProcessGrid([client_app] * 3, run_config=cfg.to_run_config(),
+                             node_configs=[{"value-check": check}] * 3)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _, out_dir = server_app.run_federation(grid, cfg)

@@ -117,13 +117,15 @@ def test_admm_with_node_sampling_still_reaches_pooled_fqi(problem, tmp_path):
     assert _relative_q_error(phi, federated, reference) < 1e-4
 
 
-def test_admm_penalty_is_per_transition_and_only_for_readout_averaging(problem):
-    cfg = problem[0].replace(client_update="proximal")
-    assert local_proximal(cfg, 100) == cfg.proximal
-    assert local_proximal(cfg.replace(client_update="admm"), 100) == 100 * cfg.admm_penalty
+def test_admm_penalty_is_per_transition_and_only_for_offline_readout_averaging(problem):
+    cfg = problem[0].replace(protocol="offline", strategy="avg")
+    assert local_proximal(cfg, 100) == 100 * cfg.admm_penalty
     # heterogeneous encoders compile a teacher: ADMM does not apply, the plain pull does
-    assert local_proximal(cfg.replace(client_update="admm", encoder="heterogeneous"),
+    assert local_proximal(cfg.replace(strategy="auto", encoder="heterogeneous"),
                           100) == cfg.proximal
+    # online clients average plainly, pulled toward the global readout
+    online = cfg.replace(protocol="online", preset="manual")
+    assert local_proximal(online, 100) == cfg.proximal
 
 
 def test_admm_at_the_default_gamma_and_ridge_converges_to_bounded_pooled_fqi():

@@ -214,7 +214,7 @@ def _app_run(tmp_path, n: int, **keys):
                                        "epsilon": [1.0, 0.99, 0.0],
                                        "hd-dim": keys.pop("hd-dim")})
     cfg = RunConfig.from_run_config({
-        "protocol": "online", "online-settings": preset, "env-id": "CartPole-v1",
+        "protocol": "online", "preset": preset, "env-id": "CartPole-v1",
         "online-episodes": 20 * rounds, "min-nodes": n, "output-dir": str(tmp_path), **keys})
     _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),
                             cfg)

@@ -20,7 +20,7 @@ from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 
-KEYS = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma": 0.9,
+KEYS = {"protocol": "online", "preset": "manual", "hd-dim": 300, "gamma": 0.9,
         "ridge": 1.0, "proximal": 0.01, "local-iterations": 5, "episodes-per-round": 10,
         "eval-episodes": 1, "seed": 7, "num-server-rounds": 5,
         "num-anchors": 100, "weight-cap-factor": 0.0}
@@ -191,7 +191,7 @@ def dqn_keys(folder) -> dict:
     episodes, from a preset file in ``folder``."""
     preset = write_preset(folder, "dqn-small", **{
         "episodes-per-round": 5, "epsilon": [0.2, 0.9, 0.01], "num-anchors": 30})
-    return {"protocol": "online", "learner": "dqn", "online-settings": preset,
+    return {"protocol": "online", "learner": "dqn", "preset": preset,
             "online-episodes": 20, "weighting": "uniform", "eval-episodes": 1, "seed": 5}
 
 

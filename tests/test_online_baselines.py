@@ -29,7 +29,7 @@ from fedqhd.strategies.truncate import truncated_mean, with_head
 
 #: small manual settings; the paper's plain transition weights (weight-cap-factor 0) and
 #: every client acting with the global readout (act-local off), as the paper suite runs
-SMALL = {"protocol": "online", "online-settings": "manual", "hd-dim": 100, "gamma": 0.9,
+SMALL = {"protocol": "online", "preset": "manual", "hd-dim": 100, "gamma": 0.9,
          "ridge": 1.0, "proximal": 0.01, "local-iterations": 3, "episodes-per-round": 10,
          "eval-episodes": 2, "min-nodes": 2, "weight-cap-factor": 0.0, "seed": 3}
 
@@ -255,7 +255,7 @@ def test_paper_suite_runs_truncate_avg_and_the_oracle(tmp_path):
     assert [cells[k]["config"]["strategy"] for k in sorted(cells)] == [
         "pooled", "truncate", "truncate"]
     for (_, setting), c in cells.items():
-        assert (c["config"]["encoder"], c["config"]["online-settings"]) == (setting, "auto")
+        assert (c["config"]["encoder"], c["config"]["preset"]) == (setting, "auto")
         assert np.isfinite(c["train-return-last100"]) and c["curve"]
         assert c["curve"][-1][0] >= 40  # episodes per client
     table = (tmp_path / "paper-table.md").read_text()

@@ -31,7 +31,7 @@ def _preset(env_id: str, encoder: str):
     return resolve_preset(load_preset(builtin_preset(env_id)), encoder, env_id)
 
 
-SMALL = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma": 0.9,
+SMALL = {"protocol": "online", "preset": "manual", "hd-dim": 300, "gamma": 0.9,
          "ridge": 1.0, "proximal": 0.01,
          "local-iterations": 5, "episodes-per-round": 20, "eval-episodes": 3,
          "num-anchors": 200, "min-nodes": 2}
@@ -86,8 +86,8 @@ def test_online_keys_are_validated():
     with pytest.raises(ConfigError, match="'protocol' = 'online' needs 'learner' = 'fqi'"):
         RunConfig.from_run_config({"protocol": "online", "learner": "pool",
                                    "env-id": "fedqhd/Inventory-v0"})
-    with pytest.raises(ConfigError, match="online-settings"):
-        RunConfig.from_run_config({"protocol": "online", "online-settings": "best"})
+    with pytest.raises(ConfigError, match="preset"):
+        RunConfig.from_run_config({"protocol": "online", "preset": "best"})
 
 
 @pytest.mark.parametrize("body,key", [
@@ -103,14 +103,14 @@ def test_a_bad_preset_is_refused_naming_the_file_and_the_key(tmp_path, body, key
     path = tmp_path / "mine.toml"
     path.write_text(body + "\n")
     with pytest.raises(ConfigError) as err:
-        RunConfig.from_run_config({"protocol": "online", "online-settings": str(path)})
+        RunConfig.from_run_config({"protocol": "online", "preset": str(path)})
     assert str(path) in str(err.value) and key in str(err.value)
 
 
 def test_a_missing_preset_is_refused_naming_it(tmp_path):
     with pytest.raises(ConfigError, match="nowhere.toml.*not a readable TOML"):
         RunConfig.from_run_config({"protocol": "online",
-                                   "online-settings": str(tmp_path / "nowhere.toml")})
+                                   "preset": str(tmp_path / "nowhere.toml")})
 
 
 def test_online_auto_settings_follow_the_tasks_preset_file():
@@ -133,7 +133,7 @@ def test_online_auto_settings_follow_the_tasks_preset_file():
     dqn = RunConfig.from_run_config({"protocol": "online", "learner": "dqn"})
     assert (dqn.episodes_per_round, dqn.online.epsilon) == (25, (1.0, 0.995, 0.001))
     # manual keeps the keys as given; the offline protocol never sees a preset
-    cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
+    cfg = RunConfig.from_run_config({"protocol": "online", "preset": "manual",
                                      "hd-dim": 123, "gamma": 0.5})
     assert (cfg.hd_dim, cfg.gamma) == (123, 0.5)
     assert cfg.online == RunConfig().online  # the learner's defaults
@@ -142,7 +142,7 @@ def test_online_auto_settings_follow_the_tasks_preset_file():
 
 
 def test_the_apps_clients_take_the_table():
-    """online-settings = auto builds every client of the app from the task's table: its
+    """preset = auto builds every client of the app from the task's table: its
     discount, penalties, transitions per episode, n-step, tail, advantage gap, mixed
     Monte-Carlo targets, optimism, episodes side by side, its encoder's D (D_i cycled
     500, 1000, 2000, 5000 under heterogeneous encoders) and default_capacity(D_i) slots."""
@@ -193,7 +193,7 @@ def test_a_tasks_heterogeneous_overrides_reach_only_heterogeneous_clients():
                                              "encoder": encoder})
             client, _ = _new_client(cfg, 0, 2)
             default = RunConfig.from_run_config({"protocol": "online",
-                                                 "online-settings": "manual"})
+                                                 "preset": "manual"})
             for key, value in data["heterogeneous"].items():
                 top = data.get(key, getattr(default.online, key.replace("-", "_"), None)
                                if key not in ("anchor-source", "num-anchors")
@@ -241,7 +241,7 @@ def test_a_tasks_anchor_keys_choose_the_apps_anchors(tmp_path, monkeypatch):
 
     assert server_anchors(**{"env-id": "Acrobot-v1"}) == ("uniform", 1000)
     assert server_anchors(**{"env-id": "CartPole-v1"}) == ("rollouts", 1000)
-    assert server_anchors(**{"env-id": "Acrobot-v1", "online-settings": "manual",
+    assert server_anchors(**{"env-id": "Acrobot-v1", "preset": "manual",
                              "anchor-source": "rollouts", "num-anchors": 7}) == ("rollouts", 7)
     # the shared setting averages readouts: no anchors, and the table names none for it
     shared = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1"})
@@ -250,7 +250,7 @@ def test_a_tasks_anchor_keys_choose_the_apps_anchors(tmp_path, monkeypatch):
     assert C.ANCHORS not in LEARNER.server_plan(shared).initial_arrays
     assert len(asked) == n_made
     mine = write_preset(tmp_path, **{"anchor-source": "uniform", "num-anchors": 77})
-    assert server_anchors(**{"env-id": "Acrobot-v1", "online-settings": mine}) == ("uniform", 77)
+    assert server_anchors(**{"env-id": "Acrobot-v1", "preset": mine}) == ("uniform", 77)
 
 
 def _federate(tmp_path, n_clients: int = 2, base: dict | None = None, **keys
@@ -304,7 +304,7 @@ def test_a_tasks_act_local_key_makes_the_apps_clients_collect_with_their_own_fit
             "episodes-per-round": 20, "act-local": act_local})
         _federate(tmp_path / str(act_local), strategy="avg", base={
             "protocol": "online", "eval-episodes": 3, "min-nodes": 2}, **{
-            "online-settings": preset, "online-episodes": 40, "weight-cap-factor": 0.0})
+            "preset": preset, "online-episodes": 40, "weight-cap-factor": 0.0})
         own = [fitted[pid][0][0] for pid in (0, 1)]
         second = [acted[pid][1] for pid in (0, 1)]
         assert np.abs(own[0] - own[1]).max() > 1e-6  # two different fits
@@ -327,7 +327,7 @@ def test_a_presets_obs_scale_rescales_every_encoder_alike(tmp_path):
     bound = get_spec("Acrobot-v1").obs_bound * np.array(scale)
     for encoder in ("shared", "heterogeneous"):
         cfg = RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
-                                         "encoder": encoder, "online-settings": preset})
+                                         "encoder": encoder, "preset": preset})
         assert cfg.online.obs_scale == scale
         np.testing.assert_allclose(encoder_scale(cfg), bound)
         for pid in range(len(HETEROGENEOUS_DIMS)):
@@ -340,7 +340,7 @@ def test_a_presets_obs_scale_rescales_every_encoder_alike(tmp_path):
     short = write_preset(tmp_path, "short", **{"obs-scale": [1, 2]})
     with pytest.raises(ConfigError, match="'obs-scale'.*needs 6 multipliers"):
         RunConfig.from_run_config({"protocol": "online", "env-id": "Acrobot-v1",
-                                   "online-settings": short})
+                                   "preset": short})
     from fedqhd.learners.fqi import encoder_bound
 
     with pytest.raises(ValueError, match="obs_scale"):
@@ -365,7 +365,7 @@ def test_lunarlander_default_encoder_tells_a_soft_touchdown_from_a_crash():
     for encoder in ("shared", "heterogeneous"):
         auto = RunConfig.from_run_config({"protocol": "online", "env-id": "LunarLander-v3",
                                           "encoder": encoder, "seed": 0})
-        full = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
+        full = RunConfig.from_run_config({"protocol": "online", "preset": "manual",
                                           "env-id": "LunarLander-v3", "encoder": encoder,
                                           "hd-dim": auto.hd_dim, "bandwidth": auto.bandwidth,
                                           "seed": 0})
@@ -375,11 +375,11 @@ def test_lunarlander_default_encoder_tells_a_soft_touchdown_from_a_crash():
 
 @pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
 def test_online_app_runs_with_the_per_task_settings(tmp_path, encoder):
-    # online-settings = "auto": the preset's CartPole settings (tail, epsilon, K) in the app
+    # preset = "auto": the preset's CartPole settings (tail, epsilon, K) in the app
     k = _preset("CartPole-v1", encoder)[0]["episodes-per-round"]
     auto = {"protocol": "online", "eval-episodes": 3, "min-nodes": 2}  # the preset's keys
     rounds = _run(tmp_path, base=auto, encoder=encoder,
-                  **{"online-settings": "auto", "online-episodes": 2 * k})["rounds"]
+                  **{"preset": "auto", "online-episodes": 2 * k})["rounds"]
     assert len(rounds) == 2 and all(r[C.REPLIES_OK] == 2 for r in rounds)
     assert all(np.isfinite(r[TRAIN_RETURN_LAST100]) for r in rounds)
     assert rounds[-1][C.NUM_TRANSITIONS] >= 2 * 2 * k * 8  # 2 clients x 2 rounds x k episodes
@@ -396,7 +396,7 @@ def test_online_auto_runs_the_papers_600_episodes_per_client():
 
 
 def test_rounds_that_disagree_with_the_auto_episodes_are_refused():
-    """Under online-settings = auto the rounds come from online-episodes; a
+    """Under preset = auto the rounds come from online-episodes; a
     num-server-rounds that says otherwise is refused, not silently replaced."""
     with pytest.raises(ConfigError, match=r"'num-server-rounds' = 5 disagrees.*"
                                           r"'online-episodes' = 100 for 5 rounds"):
@@ -408,13 +408,13 @@ def test_rounds_that_disagree_with_the_auto_episodes_are_refused():
     assert agreeing.num_server_rounds == 30
     parsed_again = RunConfig.from_run_config(agreeing.to_run_config())  # what nodes parse
     assert parsed_again == agreeing
-    manual = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
+    manual = RunConfig.from_run_config({"protocol": "online", "preset": "manual",
                                         "num-server-rounds": 5})
     assert manual.num_server_rounds == 5
 
 
 def test_keys_the_auto_settings_would_replace_are_refused():
-    """online-settings = auto takes the run-config keys the task's preset sets; a key given
+    """preset = auto takes the run-config keys the task's preset sets; a key given
     with another value would be dropped without a word, so it is refused, naming the
     key, its value and the preset's; the default or the preset's own value passes."""
     with pytest.raises(ConfigError, match=r"'gamma' = 0.95 \(preset: 0.9\).*'manual'"):
@@ -423,7 +423,7 @@ def test_keys_the_auto_settings_would_replace_are_refused():
         RunConfig.from_run_config({"protocol": "online", "learner": "dqn", "gamma": 0.9})
     same = RunConfig.from_run_config({"protocol": "online", "gamma": 0.9, "hd-dim": 500})
     assert (same.gamma, same.hd_dim) == (0.9, 500)
-    manual = RunConfig.from_run_config({"protocol": "online", "online-settings": "manual",
+    manual = RunConfig.from_run_config({"protocol": "online", "preset": "manual",
                                         "gamma": 0.95})
     assert manual.gamma == 0.95
 
@@ -443,12 +443,12 @@ def test_round_train_return_is_the_papers_plain_mean_over_clients(encoder):
 
 
 def test_a_user_presets_keys_reach_the_apps_clients(tmp_path):
-    """online-settings = a preset file: the app's client takes every setting it gives."""
+    """preset = a preset file: the app's client takes every setting it gives."""
     preset = write_preset(tmp_path, **{
         "hd-dim": 20, "gamma": 0.8, "ridge": 2.0, "proximal": 0.05, "episodes-per-round": 4,
         "per-episode": 7, "n-step": 3, "tail": 5, "action-gap": 0.3, "mc-mix": 0.4,
         "mc-window": 30, "ucb": 1.5})
-    cfg = RunConfig.from_run_config({"protocol": "online", "online-settings": preset,
+    cfg = RunConfig.from_run_config({"protocol": "online", "preset": preset,
                                      "online-episodes": 8})
     assert cfg.num_server_rounds == 2
     client, _ = _new_client(cfg, 0, 2)

@@ -22,7 +22,7 @@ from fedqhd.strategies import FedQHDIndependent, FedQHDTruncate
 from fedqhd.strategies import contract as C
 from fedqhd.strategies.truncate import truncated_mean, with_head
 
-KEYS = {"protocol": "online", "online-settings": "manual", "hd-dim": 300, "gamma": 0.9,
+KEYS = {"protocol": "online", "preset": "manual", "hd-dim": 300, "gamma": 0.9,
         "ridge": 1.0, "proximal": 0.01, "local-iterations": 5, "episodes-per-round": 20,
         "eval-episodes": 2, "seed": 7, "num-server-rounds": 6}
 def _run(tmp_path, n: int, **keys) -> list[dict]:
@@ -45,7 +45,7 @@ def test_the_collection_settings_change_what_clients_collect(tmp_path, key, valu
     for name, extra in (("plain", {}), ("changed", {key: value})):
         preset = write_preset(tmp_path, name, **small, **extra)
         runs[name] = _run(tmp_path / name, 3, strategy="avg", encoder="shared",
-                          **{"online-settings": preset, "online-episodes": 6 * 20,
+                          **{"preset": preset, "online-episodes": 6 * 20,
                              "num-server-rounds": 6, "hd-dim": 300, "gamma": 0.9})
     plain, changed = runs["plain"], runs["changed"]
     curve = [r[TRAIN_RETURN_LAST100] for r in changed]
@@ -361,7 +361,7 @@ def test_pooled_needs_one_shared_encoder_and_every_client():
     with pytest.raises(ConfigError, match="'fraction-train' = 1"):
         RunConfig.from_run_config({**base, "fraction-train": 0.5})
     with pytest.raises(ConfigError, match="'hd-dim' <= the buffer's capacity"):
-        RunConfig.from_run_config({**base, "online-settings": "manual", "hd-dim": 4000})
+        RunConfig.from_run_config({**base, "preset": "manual", "hd-dim": 4000})
     with pytest.raises(ConfigError, match="'strategy' = 'pooled'.*'protocol' = 'online'"):
         RunConfig.from_run_config({"strategy": "pooled"})
     cfg = RunConfig.from_run_config({**base, "env-id": "Acrobot-v1"})  # the table's D 1000
@@ -403,7 +403,7 @@ def test_app_distillation_feddqn_distils_one_teacher_per_round_into_every_client
                                               "epsilon": [0.2, 0.9, 0.01]})
     cfg = RunConfig.from_run_config({
         "protocol": "online", "learner": "dqn", "strategy": "anchor", "encoder": "heterogeneous",
-        "online-settings": preset, "online-episodes": k * rounds_n,
+        "preset": preset, "online-episodes": k * rounds_n,
         "weighting": "uniform", "eval-episodes": 1, "seed": 3, "min-nodes": n,
         "output-dir": str(tmp_path)})
     _, out = run_federation(InProcessGrid([client_app] * n, run_config=cfg.to_run_config()),

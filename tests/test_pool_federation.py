@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
+from presets_util import write_preset
 
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
@@ -27,14 +28,21 @@ from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
 
 SMALL = {"learner": "pool", "env-id": "fedqhd/Inventory-v0", "num-server-rounds": 1,
-         "pool-trajectories": 300, "pool-eval-episodes": 300, "num-anchors": 300,
-         "anchor-source": "uniform", "min-nodes": 2,
-         # deterministic tests: seeded numpy noise (the app's default is OpenDP, fresh noise)
-         "pool-noise": "numpy", "reproducible-noise": True}
+         "num-anchors": 300, "anchor-source": "uniform", "min-nodes": 2}
+#: deterministic tests: nodes with seeded numpy noise (a node's default is OpenDP, fresh noise)
+SEEDED = {"noise": "numpy", "reproducible-noise": True}
 
 
-def _cfg(tmp_path: Path, **changes) -> RunConfig:
-    return RunConfig.from_run_config({**SMALL, "output-dir": str(tmp_path), **changes})
+def _cfg(tmp_path: Path, pool: dict | None = None, **changes) -> RunConfig:
+    """A small POOL run: 300 trajectories and evaluation episodes, ``pool`` settings."""
+    preset = write_preset(tmp_path, "pool-small", **{"trajectories": 300,
+                                                     "eval-episodes": 300, **(pool or {})})
+    return RunConfig.from_run_config({**SMALL, "preset": preset, "output-dir": str(tmp_path),
+                                      **changes})
+
+
+def _privacy(cfg: RunConfig, node: dict) -> pl.ClientPrivacy:
+    return pl.ClientPrivacy.of(cfg, {**SEEDED, **node})
 
 
 def _run(cfg: RunConfig, node_configs: list[dict], client_run_config: dict | None = None
@@ -42,7 +50,7 @@ def _run(cfg: RunConfig, node_configs: list[dict], client_run_config: dict | Non
     """One in-process federation; returns results.json."""
     grid = InProcessGrid([client_app] * len(node_configs),
                          run_config=client_run_config or cfg.to_run_config(),
-                         node_configs=node_configs)
+                         node_configs=[{**SEEDED, **node} for node in node_configs])
     _, out_dir = run_federation(grid, cfg)
     return json.loads((out_dir / "results.json").read_text())
 
@@ -77,11 +85,11 @@ def test_release_depends_on_the_data_only_through_the_noisy_counts(tmp_path, mon
     monkeypatch.setattr(pl, "generate_dataset", lambda m, n, random_state: shards[
         0 if random_state == pool_data_seed(cfg.seed, 0) else 1])
     monkeypatch.setattr(pl, "make_noise_source", lambda kind, random_state: _FixedRelease(target))
-    anchors = np.random.default_rng(1).random((200, 2 * cfg.pool_products))
+    anchors = np.random.default_rng(1).random((200, 2 * cfg.pool.products))
     contexts = [_context(cfg, pid) for pid in (0, 1)]
     first = [pool_learner.LEARNER.train(ctx, cfg, {C.ANCHORS: anchors}) for ctx in contexts]
     np.testing.assert_array_equal(first[0][0][C.Q_ANCHORS], first[1][0][C.Q_ANCHORS])
-    assert first[0][0][C.Q_ANCHORS].shape == (200, cfg.pool_horizon)
+    assert first[0][0][C.Q_ANCHORS].shape == (200, cfg.pool.horizon)
     assert np.ptp(first[0][0][C.Q_ANCHORS]) > 0  # not trivially constant
 
     # later rounds rebuild from the stored release, never from the data
@@ -95,7 +103,7 @@ def test_release_depends_on_the_data_only_through_the_noisy_counts(tmp_path, mon
 def test_noise_off_is_refused_at_the_client_unless_the_run_is_non_private(tmp_path):
     cfg = _cfg(tmp_path)
     with pytest.raises(pl.NonPrivateRefusedError, match="not marked non-private"):
-        pl.release(cfg, 0, pl.ClientPrivacy.of(cfg, {"noise": "none"}))
+        pl.release(cfg, 0, _privacy(cfg, {"noise": "none"}))
     nodes = [{"noise": "none"}, {}, {}]
     refused = _run(cfg, nodes)
     assert all(r[C.REPLIES_FAILED] == 1 and r[C.REPLIES_OK] == 2 for r in refused["rounds"])
@@ -131,11 +139,11 @@ def test_every_client_ledger_is_in_results_and_budgets_are_enforced(tmp_path):
     # rho is spent once, however many rounds
     assert all(r[C.RHO_SPENT] == pytest.approx(2.5) for r in data["rounds"])
     with pytest.raises(BudgetExceededError, match=r"rho=5 refused; spent 0 of budget 1"):
-        pl.release(cfg, 2, pl.ClientPrivacy.of(cfg, {"rho": 5.0, "rho-budget": 1.0}))
+        pl.release(cfg, 2, _privacy(cfg, {"rho": 5.0, "rho-budget": 1.0}))
 
 
 def test_opendp_clients_are_reported_secure_and_numpy_clients_are_not(tmp_path):
-    secure = _run(_cfg(tmp_path, **{"pool-noise": "opendp"}), [{}, {"noise": "numpy"}])
+    secure = _run(_cfg(tmp_path), [{"noise": "opendp"}, {"noise": "numpy"}])
     ledgers = secure["final"]["privacy-ledgers"]
     assert ledgers["0"]["noise-secure"] == 1 and ledgers["1"]["noise-secure"] == 0
     assert ledgers["0"]["noise-sigma"] == pytest.approx(math.sqrt(2 * 7 / 1.0))
@@ -169,12 +177,12 @@ def test_run_config_ties_learners_to_their_tasks():
 def test_adopt_teacher_compiles_a_representable_teacher_exactly(tmp_path, zoning):
     """A teacher that is some POOL fit's own Q on the anchors is recovered on those anchors
     (trust 1), also where a point mixes several post-decision zones; trust 0 keeps own."""
-    cfg = _cfg(tmp_path, **{"pool-zoning": zoning, "pool-zones": 25})
+    cfg = _cfg(tmp_path, pool={"zoning": zoning, "zones": 25})
     assert pl.zoning(cfg)[0].kind == ("post-decision" if zoning == "post-decision" else "zones")
     assert pl.learner_options(cfg)["kernel"] == ("shared" if zoning == "post-decision"
                                                  else "zone")
-    own = pl.fit(cfg, pl.release(cfg, 0, pl.ClientPrivacy.of(cfg, {}))[0])
-    other = pl.fit(cfg, pl.release(cfg, 1, pl.ClientPrivacy.of(cfg, {"rho": 5.0}))[0])
+    own = pl.fit(cfg, pl.release(cfg, 0, _privacy(cfg, {}))[0])
+    other = pl.fit(cfg, pl.release(cfg, 1, _privacy(cfg, {"rho": 5.0}))[0])
     anchors = np.random.default_rng(0).random((2000, 4))
     teacher = pl.anchor_values(other, anchors)
     assert np.sqrt(np.mean((pl.anchor_values(own, anchors) - teacher) ** 2)) > 0.05
@@ -190,7 +198,7 @@ def test_server_policy_keeps_zones_few_anchors_touch(tmp_path):
     anchors barely touch (the post-decision corner y = (0, 0)) must keep the teacher's
     value, not be pulled toward zero (issue 9: gaps of 24 % and 19 % on two seeds)."""
     cfg = _cfg(tmp_path, **{"anchor-source": "rollouts", "num-anchors": 1000, "seed": 6})
-    fits = [pl.fit(cfg, pl.release(cfg, pid, pl.ClientPrivacy.of(cfg, {}))[0]) for pid in (0, 1)]
+    fits = [pl.fit(cfg, pl.release(cfg, pid, _privacy(cfg, {}))[0]) for pid in (0, 1)]
     anchors = pl.pool_anchors(cfg)
     teacher = np.mean([pl.anchor_values(f, anchors) for f in fits], axis=0)
     mean_qbar = np.mean([f.qbar_[0][:, 0] for f in fits], axis=0)

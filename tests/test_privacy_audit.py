@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
+from pathlib import Path
 
 import pytest
+from presets_util import write_preset
 
 from fedqhd.cli import main
 from fedqhd.config import RunConfig
@@ -16,8 +19,10 @@ from fedqhd.privacy import NumpyNoise
 from fedqhd.privacy.audit import ScaledNoise, audit_release, clopper_pearson_upper
 
 H = 7
-CFG = RunConfig.from_run_config({"learner": "pool", "env-id": "fedqhd/Inventory-v0",
-                                 "pool-horizon": H, "pool-trajectories": 300})
+CFG = RunConfig.from_run_config({
+    "learner": "pool", "env-id": "fedqhd/Inventory-v0",
+    "preset": write_preset(Path(tempfile.mkdtemp(prefix="fedqhd-audit-")), "pool",
+                           horizon=H, trajectories=300)})
 
 
 @pytest.fixture(scope="module")

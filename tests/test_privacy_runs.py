@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from presets_util import write_preset
 
 from fedqhd.client.app import app as client_app
 from fedqhd.config import RunConfig
@@ -19,12 +20,15 @@ from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
 
 SMALL = {"learner": "pool", "env-id": "fedqhd/Inventory-v0", "num-server-rounds": 1,
-         "pool-trajectories": 200, "pool-eval-episodes": 200, "num-anchors": 200,
-         "anchor-source": "uniform", "min-nodes": 2}
+         "num-anchors": 200, "anchor-source": "uniform", "min-nodes": 2}
+NUMPY = {"noise": "numpy"}  #: a node that draws numpy noise (experiments only)
+SEEDED = {"noise": "numpy", "reproducible-noise": True}  #: ... seeded from the run config
 
 
 def _cfg(tmp_path: Path, **changes: object) -> RunConfig:
-    return RunConfig.from_run_config({**SMALL, "output-dir": str(tmp_path), **changes})
+    preset = write_preset(tmp_path, "pool-small", trajectories=200, **{"eval-episodes": 200})
+    return RunConfig.from_run_config({**SMALL, "preset": preset, "output-dir": str(tmp_path),
+                                      **changes})
 
 
 def _release(cfg: RunConfig, pid: int = 0, **node: object):
@@ -33,7 +37,9 @@ def _release(cfg: RunConfig, pid: int = 0, **node: object):
 
 def test_the_app_default_is_secure_fresh_noise_recorded_in_the_reply(tmp_path):
     cfg = _cfg(tmp_path)
-    assert cfg.pool_noise == "opendp" and cfg.reproducible_noise is False
+    privacy = pl.ClientPrivacy.of(cfg, {})  # a node that says nothing
+    assert privacy.noise == "opendp" and privacy.reproducible is False
+    assert privacy.budget == 10.0 and cfg.pool.trajectories == 200
     counts, ledger = _release(cfg)
     assert counts.noise == "opendp-discrete-gaussian"
     metrics = pl.ledger_metrics(counts, ledger, 0, cfg)
@@ -41,17 +47,17 @@ def test_the_app_default_is_secure_fresh_noise_recorded_in_the_reply(tmp_path):
     assert all(e["secure"] and not e["reproducible"] for e in ledger.entries)
 
 
-def test_numpy_noise_is_fresh_unless_the_run_asks_for_reproducible_noise(tmp_path):
-    fresh = _cfg(tmp_path, **{"pool-noise": "numpy"})
-    a, led = _release(fresh)
-    b, _ = _release(fresh)  # same run config, same shard: an attacker's regeneration
+def test_numpy_noise_is_fresh_unless_the_node_asks_for_reproducible_noise(tmp_path):
+    fresh = _cfg(tmp_path)
+    a, led = _release(fresh, **NUMPY)
+    b, _ = _release(fresh, **NUMPY)  # same run config, same shard: an attacker's regeneration
     assert not np.array_equal(a.n_sas, b.n_sas)
     assert a.noise == "numpy-fresh-entropy (NOT secure)"
     assert pl.ledger_metrics(a, led, 0, fresh)[C.NOISE_REPRODUCIBLE] == 0
 
-    seeded = _cfg(tmp_path, **{"pool-noise": "numpy", "reproducible-noise": True})
-    c, led = _release(seeded)
-    d, _ = _release(seeded)
+    seeded = fresh
+    c, led = _release(seeded, **SEEDED)
+    d, _ = _release(seeded, **SEEDED)
     np.testing.assert_array_equal(c.n_sa, d.n_sa)
     np.testing.assert_array_equal(c.n_sas, d.n_sas)
     assert c.noise == "numpy-seeded (NOT secure)"
@@ -60,13 +66,13 @@ def test_numpy_noise_is_fresh_unless_the_run_asks_for_reproducible_noise(tmp_pat
 
 
 def test_releases_of_one_shard_share_one_budget_on_disk(tmp_path, private_ledger_dir):
-    cfg = _cfg(tmp_path, **{"pool-noise": "numpy", "pool-rho": 4.0})  # budget 10
-    _release(cfg)
-    _, second = _release(cfg)  # a new run (or restarted node) on the same shard
+    cfg = _cfg(tmp_path, **{"pool-rho": 4.0})  # budget 10
+    _release(cfg, **NUMPY)
+    _, second = _release(cfg, **NUMPY)  # a new run (or restarted node) on the same shard
     assert second.rho_spent == pytest.approx(8.0)
     with pytest.raises(BudgetExceededError, match=r"rho=4 refused; spent 8 of budget 10"):
-        _release(cfg)
-    _, other = _release(cfg, pid=1)  # a different shard has its own ledger
+        _release(cfg, **NUMPY)
+    _, other = _release(cfg, pid=1, **NUMPY)  # a different shard has its own ledger
     assert other.rho_spent == pytest.approx(4.0)
     files = sorted(private_ledger_dir.glob("*.json"))
     assert len(files) == 2
@@ -74,14 +80,15 @@ def test_releases_of_one_shard_share_one_budget_on_disk(tmp_path, private_ledger
     assert sorted(s["rho_spent"] for s in stored) == [4.0, 8.0]
     assert all(f.stat().st_mode & 0o077 == 0 for f in files)  # what a node spent is its own
     # a node-config directory is honoured, and starts its own ledgers
-    _, elsewhere = _release(cfg, **{"ledger-dir": str(tmp_path / "node-a")})
+    _, elsewhere = _release(cfg, **NUMPY, **{"ledger-dir": str(tmp_path / "node-a")})
     assert elsewhere.rho_spent == pytest.approx(4.0)
     assert len(list((tmp_path / "node-a").glob("*.json"))) == 1
 
 
 def test_a_release_beyond_the_budget_is_a_failed_reply_in_a_new_run(tmp_path):
-    cfg = _cfg(tmp_path, **{"pool-noise": "numpy", "reproducible-noise": True})  # deterministic
-    nodes = [{"rho": 6.0}, {"rho": 1.0}]  # budget 10: client 0 fits once, client 1 ten times
+    cfg = _cfg(tmp_path)
+    # deterministic noise; budget 10: client 0 fits once, client 1 ten times
+    nodes = [{"rho": 6.0, **SEEDED}, {"rho": 1.0, **SEEDED}]
 
     def run() -> dict:
         grid = InProcessGrid([client_app] * 2, run_config=cfg.to_run_config(),

@@ -86,11 +86,13 @@ def test_only_flowers_simulation_grid_is_windowed():
     assert for_simulation(plain, 8) is plain
 
 
-def _run(tmp_path: Path, name: str, grid_wrap=lambda g: g, **changes) -> np.ndarray:
+def _run(tmp_path: Path, name: str, grid_wrap=lambda g: g, learner_cache_mib: int = 1024,
+         **changes) -> np.ndarray:
     settings = dict(hd_dim=64, num_server_rounds=3, eval_episodes=1, episodes_per_client=2,
                     output_dir=str(tmp_path / name))
     cfg = RunConfig(**{**settings, **changes})
-    grid = InProcessGrid([client_app] * 3, run_config=cfg.to_run_config())
+    grid = InProcessGrid([client_app] * 3, run_config=cfg.to_run_config(),
+                         node_configs=[{"learner-cache-mib": learner_cache_mib}] * 3)
     _, out_dir = run_federation(grid_wrap(grid), cfg)
     return np.load(out_dir / "final_model.npz")["readout"]
 

@@ -67,7 +67,7 @@ __all__ = [
 PAPER_HIDDEN: tuple[int, int] = (128, 256)
 #: the paper's FedAvg-DQN protocol settings, as :class:`DQNClients` defaults to them:
 #: discount, episodes between aggregations and epsilon = (start, decay per episode,
-#: floor); the Flower app's ``learner = "dqn"`` takes them under ``online-settings =
+#: floor); the Flower app's ``learner = "dqn"`` takes them under ``preset =
 #: "auto"``
 DQN_SETTINGS: dict[str, Any] = dict(gamma=0.99, episodes_per_round=25,
                                     epsilon=(1.0, 0.995, 0.001))
@@ -76,7 +76,7 @@ DQN_SETTINGS: dict[str, Any] = dict(gamma=0.99, episodes_per_round=25,
 HETERO_WIDTHS: tuple[tuple[int, int], ...] = ((128, 256), (64, 128), (96, 192), (128, 128),
                                               (48, 96))
 #: the paper's distillation settings: anchor states, softmax temperature, Adam steps per
-#: round; the Flower app takes them (its ``num-anchors`` under ``online-settings = "auto"``)
+#: round; the Flower app takes them (its ``num-anchors`` under ``preset = "auto"``)
 DISTILL_SETTINGS: dict[str, Any] = dict(n_anchors=200, tau=1.0, distill_steps=10)
 #: distillation settings ("shared": one architecture; "heterogeneous": widths cycled)
 DISTILL_SETTINGS_KINDS: tuple[str, ...] = ("shared", "heterogeneous")

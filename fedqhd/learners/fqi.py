@@ -47,6 +47,7 @@ from fedqhd.learners.base import (
 )
 from fedqhd.learners.cache import BoundedCache
 from fedqhd.memory import GIB, FitMemoryError, available_memory, fit_memory, format_bytes
+from fedqhd.node_config import NodeSettings
 from fedqhd.readout import (
     RidgeFQI,
     RidgeSystem,
@@ -370,8 +371,10 @@ def local_ridge(ridge: float, num_partitions: int) -> float:
 
 
 def uses_admm(cfg: RunConfig) -> bool:
-    """Consensus ADMM applies to readout averaging (shared encoder) only."""
-    return cfg.resolved_strategy == "avg" and cfg.client_update == "admm"
+    """Consensus ADMM is offline readout averaging's client update (shared encoder; its
+    fixed point is pooled FQI). Online clients reply what they just learned, pulled
+    toward the global readout: plain proximal averaging."""
+    return cfg.resolved_strategy == "avg" and cfg.protocol == "offline"
 
 
 def local_proximal(cfg: RunConfig, n_transitions: int) -> float:
@@ -396,14 +399,15 @@ def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
     """This node's learner and shard (cached in this process while they fit its budget)."""
     pid, n_parts = partition(context)
     data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
-    key = (context.run_id, pid, n_parts, data_dir, cfg)
+    node = NodeSettings.of(context.node_config)
+    key = (context.run_id, pid, n_parts, data_dir, cfg, node)
 
     def load() -> Shard:
         shard = client_shard(cfg.env_id, cfg.partition, pid, n_parts, cfg.episodes_per_client,
                              cfg.seed, data_dir=data_dir or None,
                              epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max,
-                             limits=ShardLimits(cfg.value_check, cfg.max_shard_transitions,
-                                                cfg.max_compression_ratio))
+                             limits=ShardLimits(node.value_check, node.max_shard_transitions,
+                                                node.max_compression_ratio))
         for flag in shard.value_flags:
             log(WARNING, "client %d: shard value flagged (value-check = \"warn\"): %s", pid, flag)
         return shard
@@ -416,11 +420,11 @@ def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
                              proximal=local_proximal(cfg, shard.n_transitions),
                              compile_ridge=cfg.ridge,
                              streaming=True if cfg.resolved_strategy == "exact" else None,
-                             memory_cap=int(cfg.memory_cap_gib * GIB) or None,
+                             memory_cap=int(node.memory_cap_gib * GIB) or None,
                              feature_dtype=cfg.feature_dtype)
         return learner, shard
 
-    budget = cfg.learner_cache_mib << 20
+    budget = node.learner_cache_mib << 20
     if _NODE_LEARNERS.budget != budget:
         _NODE_LEARNERS.resize(budget)
         _NODE_SHARDS.resize(budget // SHARD_SHARE)
@@ -519,7 +523,7 @@ class FQI:
         one consensus step, its dual kept in ``context.state``)."""
         learner, shard = node_learner(context, cfg)
         metrics: Metrics = {C.NUM_TRANSITIONS: learner.n_transitions}
-        if cfg.value_check == "warn":
+        if NodeSettings.of(context.node_config).value_check == "warn":
             metrics[C.VALUE_FLAGS] = len(shard.value_flags)
         if C.STATS_REQUEST in arrays:  # FedQHDExact: sufficient statistics, no local fit
             have, want = arrays[C.STATS_REQUEST]

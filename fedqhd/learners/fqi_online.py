@@ -269,7 +269,7 @@ class FQIOnline(FQI):
             plan = ServerPlan(baseline, baseline.initial_arrays())
         else:
             # every client replies every round with what it just learned: plain averaging
-            plan = super().server_plan(cfg.replace(client_update="proximal"), **strategy_kwargs)
+            plan = super().server_plan(cfg, **strategy_kwargs)
         return with_train_return(plan)
 
     def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:

@@ -73,7 +73,7 @@ def stored_counts(arrays: ArrayRecord, facts: ConfigRecord, cfg: RunConfig
     """Rebuild :class:`NoisyCounts` from the node state (zones and cells are public)."""
     zones, cells = zoning(cfg)
     a = C.from_array_record(arrays)
-    expected = (cfg.pool_horizon, zones.n_zones, cells.n_cells)
+    expected = (cfg.pool.horizon, zones.n_zones, cells.n_cells)
     if a["n_sas"].shape != expected:
         raise ValueError(f"stored POOL counts have shape {a['n_sas'].shape}, the run config "
                          f"needs {expected}")
@@ -139,7 +139,7 @@ class Pool:
 
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
         anchors = pool_anchors(cfg)
-        anchor = FedQHDAnchor(anchors, n_values=cfg.pool_horizon, fraction_evaluate=1.0,
+        anchor = FedQHDAnchor(anchors, n_values=cfg.pool.horizon, fraction_evaluate=1.0,
                               **strategy_kwargs)
         info = {"anchors-shape": list(anchors.shape),
                 "anchor-columns": "(state, action) in [0, 1]^(w+d); q-anchors[:, h] = Qbar_h",
@@ -170,7 +170,7 @@ class Pool:
         learner = fit(cfg, counts)
         anchors = arrays[C.ANCHORS]
         if C.TEACHER in arrays:
-            _, residual = adopt_teacher(learner, anchors, arrays[C.TEACHER], cfg.pool_trust)
+            _, residual = adopt_teacher(learner, anchors, arrays[C.TEACHER], cfg.pool.trust)
             metrics[C.PROJECTION_RESIDUAL] = residual
         return {C.Q_ANCHORS: anchor_values(learner, anchors)}, metrics
 
@@ -187,7 +187,7 @@ class Pool:
                C.GAP_OWN: evaluator(learner)[C.GAP]}
         if C.TEACHER in arrays:
             informed, _ = adopt_teacher(learner, arrays[C.ANCHORS], arrays[C.TEACHER],
-                                        cfg.pool_trust)
+                                        cfg.pool.trust)
             out[C.GAP_INFORMED] = evaluator(informed)[C.GAP]
         return out
 

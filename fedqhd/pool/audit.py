@@ -43,7 +43,7 @@ def neighbouring_counts(cfg: RunConfig, neighbours: str = "replace"
     if neighbours not in NEIGHBOURS:
         raise ValueError(f"neighbours must be one of {NEIGHBOURS}, got {neighbours!r}")
     model = inventory_model(cfg)
-    data = generate_dataset(model, cfg.pool_trajectories,
+    data = generate_dataset(model, cfg.pool.trajectories,
                             random_state=pool_data_seed(cfg.seed, 0))
     fresh = generate_dataset(model, CANDIDATES, random_state=pool_data_seed(cfg.seed, 1))
     base = _counts(cfg, data)
@@ -59,6 +59,6 @@ def neighbouring_counts(cfg: RunConfig, neighbours: str = "replace"
         moved = sum(float(np.sum((other[k] - base[k]) ** 2)) for k in base)
         if moved > best[0]:
             best = (moved, other)
-        if moved >= (2 if neighbours == "add" else 4) * cfg.pool_horizon:
+        if moved >= (2 if neighbours == "add" else 4) * cfg.pool.horizon:
             break  # the most one trajectory can move: H (add) or 2H (replace) per family
     return base, best[1]

@@ -139,7 +139,25 @@ def _grid(a: argparse.Namespace) -> int:
                   "M (zones or grid cells)")
 
 
-def federated_study(clients: int, rho: float, seeds: int, **keys: object) -> dict[str, object]:
+def _pool_preset(folder: str, name: str, **settings: object) -> str:
+    """A POOL preset file in ``folder``: ``pool.toml``'s settings with ``settings``
+    (kebab-case keys) changed; returns its path."""
+    from fedqhd.presets import PoolSettings, preset_path
+
+    values = {**PoolSettings().to_dict(), **settings}
+    unknown = sorted(set(values) - set(PoolSettings.keys()))
+    if unknown:
+        raise ValueError(f"unknown POOL settings {unknown}; valid: {list(PoolSettings.keys())}")
+    path = Path(folder) / f"{name}.toml"
+    lines = [f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
+             for k, v in values.items()]
+    path.write_text(f"# {name}: {preset_path('pool')} with {settings}\n" + "\n".join(lines)
+                    + "\n")
+    return str(path)
+
+
+def federated_study(clients: int, rho: float, seeds: int, **settings: object
+                    ) -> dict[str, object]:
     """Federated vs lone vs pooled POOL, measured the same way; gaps (%) per seed and means.
 
     Per seed (a fresh inventory MDP and fresh shards): one in-process federated round
@@ -149,9 +167,10 @@ def federated_study(clients: int, rho: float, seeds: int, **keys: object) -> dic
     trajectories together at the same rho (what a single trusted curator would get).
     All policies of a seed are scored on the same simulated demands against c*.
 
-    A simulation study: noise is numpy seeded from the run config (reproducible, NOT
-    secure) unless ``keys`` say otherwise, and the privacy ledgers live in a temporary
-    directory, so repeating the study does not spend a node's real budget.
+    ``settings``: POOL settings (``pool.toml``'s keys) other than the preset's. A
+    simulation study: the nodes use numpy noise seeded from the run config (reproducible,
+    NOT secure), and the privacy ledgers live in a temporary directory, so repeating the
+    study does not spend a node's real budget.
     """
     import logging
     import tempfile
@@ -168,17 +187,24 @@ def federated_study(clients: int, rho: float, seeds: int, **keys: object) -> dic
     logging.getLogger("flwr").setLevel(logging.WARNING)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        preset = _pool_preset(tmp, "study", **settings)
+        trajectories = int(RunConfig.from_run_config(
+            {"learner": "pool", "env-id": "fedqhd/Inventory-v0", "preset": preset}
+        ).pool.trajectories)
+        pooled_preset = _pool_preset(tmp, "pooled", **{**settings,
+                                                       "trajectories": trajectories * clients})
         for seed in range(seeds):
             cfg = RunConfig.from_run_config({
                 "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": seed,
                 "num-server-rounds": 1, "pool-rho": rho, "min-nodes": clients,
-                "output-dir": tmp, "pool-noise": "numpy", "reproducible-noise": True, **keys})
-            nodes = [{"ledger-dir": f"{tmp}/ledgers"}] * clients
+                "output-dir": tmp, "preset": preset})
+            nodes = [{"ledger-dir": f"{tmp}/ledgers", "noise": "numpy",
+                      "reproducible-noise": True}] * clients
             grid = InProcessGrid([client_app] * clients, run_config=cfg.to_run_config(),
                                  node_configs=nodes)
             _, out_dir = run_federation(grid, cfg)
             row = json.loads((out_dir / "results.json").read_text())["rounds"][-1]
-            pooled_cfg = cfg.replace(pool_trajectories=cfg.pool_trajectories * clients)
+            pooled_cfg = cfg.replace(preset=pooled_preset)
             counts, _ = release(pooled_cfg, 0, ClientPrivacy.of(pooled_cfg, nodes[0]))
             pooled = GapEvaluator(cfg)(fit(pooled_cfg, counts))[C.GAP]
             rows.append({"seed": seed, "federated": row[C.GAP], "lone": row[C.GAP_OWN],
@@ -189,12 +215,12 @@ def federated_study(clients: int, rho: float, seeds: int, **keys: object) -> dic
     diff = np.array([r["federated"] - r["lone"] for r in rows])  # paired, same seed
     means["federated-minus-lone"], stds["federated-minus-lone"] = diff.mean(), diff.std()
     means["seeds-federated-better"] = int(np.sum(diff < 0))
-    return {"clients": clients, "rho": rho, "keys": keys, "mean": means, "std": stds,
+    return {"clients": clients, "rho": rho, "settings": settings, "mean": means, "std": stds,
             "runs": rows}
 
 
 def _federated(a: argparse.Namespace) -> int:
-    res = federated_study(a.clients, a.rho, a.seeds, **{"pool-trajectories": a.trajectories})
+    res = federated_study(a.clients, a.rho, a.seeds, trajectories=a.trajectories)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "federated.json").write_text(json.dumps(res, indent=1, default=float))

@@ -72,15 +72,15 @@ class NonPrivateRefusedError(RuntimeError):
 # ------------------------------------------------------------------ public set-up
 def inventory_model(cfg: RunConfig) -> InventoryModel:
     """The inventory MDP every client and the server share (costs drawn from the seed)."""
-    return make_inventory_model(cfg.pool_products, cfg.pool_horizon, cfg.pool_dynamics,
-                                cfg.pool_demand, random_state=cfg.seed)
+    return make_inventory_model(cfg.pool.products, cfg.pool.horizon, cfg.pool.dynamics,
+                                cfg.pool.demand, random_state=cfg.seed)
 
 
 def zoning(cfg: RunConfig) -> tuple[Zoning, StateCells]:
     """POOL's zones and next-state cells: public, identical on every node."""
-    w = cfg.pool_products
-    return make_zoning(w, w, cfg.pool_horizon, cfg.pool_zones, cfg.pool_lambda,
-                       n_cells=cfg.pool_cells, zoning=cfg.pool_zoning,
+    w = cfg.pool.products
+    return make_zoning(w, w, cfg.pool.horizon, cfg.pool.zones, cfg.pool.boundary,
+                       n_cells=cfg.pool.cells, zoning=cfg.pool.zoning,
                        model=inventory_model(cfg))
 
 
@@ -88,35 +88,48 @@ def learner_options(cfg: RunConfig) -> dict[str, Any]:
     """Kernel and known-zone threshold of the run's learner, as the ``fedqhd pool`` studies
     choose them: post-decision zones get the shared demand kernel and a threshold of 3
     noise sigmas; the paper's zonings its per-zone kernel and E_rho."""
-    post = cfg.pool_zoning == "post-decision"
-    kernel = ("shared" if post else "zone") if cfg.pool_kernel == "auto" else cfg.pool_kernel
+    post = cfg.pool.zoning == "post-decision"
+    kernel = ("shared" if post else "zone") if cfg.pool.kernel == "auto" else cfg.pool.kernel
     return {"kernel": kernel, "threshold_sigmas": 3.0 if post else None}
+
+
+#: a node's privacy defaults when its node config says nothing
+DEFAULT_NOISE = "opendp"
+DEFAULT_RHO_BUDGET = 10.0
 
 
 @dataclass(frozen=True)
 class ClientPrivacy:
-    """A client's privacy settings: run config, overridden by its node config."""
+    """A client's privacy settings, the node's own: its node config's ``noise`` (default
+    opendp), ``rho-budget`` (default 10) and ``reproducible-noise`` (numpy noise seeded
+    from the run's seed and partition; default off), and ``rho`` (default: the run
+    config's ``pool-rho``). The run submitter cannot weaken a node's noise or budget."""
 
     rho: float
     budget: float
     noise: str
     delta: float
     ledger_dir: Path
+    reproducible: bool = False
 
     @classmethod
     def of(cls, cfg: RunConfig, node_config: dict[str, Any]) -> ClientPrivacy:
-        noise = str(node_config.get("noise", cfg.pool_noise))
+        noise = str(node_config.get("noise", DEFAULT_NOISE))
         if noise not in NOISE_KINDS:
             raise ValueError(f"node config 'noise' = {noise!r}: expected one of "
                              f"{', '.join(NOISE_KINDS)}")
         rho = float(node_config.get("rho", cfg.pool_rho))
         if not rho > 0 or not math.isfinite(rho):
             raise ValueError(f"node config 'rho' = {rho!r}: expected a positive finite number")
-        budget = float(node_config.get("rho-budget", cfg.pool_rho_budget))
+        budget = float(node_config.get("rho-budget", DEFAULT_RHO_BUDGET))
         if not budget > 0 or not math.isfinite(budget):
             raise ValueError(f"node config 'rho-budget' = {budget!r}: expected a positive "
                              "finite number")
-        return cls(rho, budget, noise, cfg.pool_delta, ledger_dir(node_config))
+        reproducible = node_config.get("reproducible-noise", False)
+        if not isinstance(reproducible, bool):
+            raise ValueError(f"node config 'reproducible-noise' = {reproducible!r}: expected "
+                             "true or false")
+        return cls(rho, budget, noise, cfg.pool.delta, ledger_dir(node_config), reproducible)
 
 
 # ------------------------------------------------------------ the one release
@@ -127,7 +140,7 @@ def release(cfg: RunConfig, pid: int, privacy: ClientPrivacy
     The release is charged to the node's on-disk ledger of this shard (keyed by its
     fingerprint, in ``privacy.ledger_dir``), so every earlier release of the same data,
     in any run, counts against the budget. numpy noise is seeded from (seed, partition)
-    only when the run sets ``reproducible-noise``; otherwise from fresh entropy.
+    only when the node sets ``reproducible-noise``; otherwise from fresh entropy.
 
     Raises :class:`NonPrivateRefusedError` for ``noise = "none"`` unless the run is
     marked ``non-private``, and :class:`~fedqhd.privacy.BudgetExceededError` when
@@ -141,13 +154,13 @@ def release(cfg: RunConfig, pid: int, privacy: ClientPrivacy
             "marked non-private (set run-config non-private=true for a non-private baseline)")
     model = inventory_model(cfg)
     zones, cells = zoning(cfg)
-    data = generate_dataset(model, cfg.pool_trajectories,
+    data = generate_dataset(model, cfg.pool.trajectories,
                             random_state=pool_data_seed(cfg.seed, pid))
     client_id = f"partition-{pid}"
     if privacy.noise == "none":
         ledger = PrivacyLedger(privacy.budget, privacy.delta, client_id=client_id)
         return exact_counts(count_visits(data.states, data.actions, zones, cells)), ledger
-    seed = pool_noise_seed(cfg.seed, pid) if cfg.reproducible_noise else None
+    seed = pool_noise_seed(cfg.seed, pid) if privacy.reproducible else None
     source = make_noise_source(privacy.noise, random_state=seed)
     fingerprint = data_fingerprint(data.states, data.actions, data.rewards)
     with LedgerStore(privacy.ledger_dir).open(fingerprint, privacy.budget, privacy.delta,
@@ -167,7 +180,7 @@ def ledger_metrics(counts: NoisyCounts, ledger: PrivacyLedger, pid: int, cfg: Ru
     ``rho-spent`` is the shard's total over every run (the on-disk ledger).
     """
     out: dict[str, float] = {C.PARTITION_ID: pid, C.PRIVATE: int(counts.private),
-                             C.NUM_TRANSITIONS: cfg.pool_trajectories * cfg.pool_horizon}
+                             C.NUM_TRANSITIONS: cfg.pool.trajectories * cfg.pool.horizon}
     if counts.private:
         out.update({C.RHO_SPENT: ledger.rho_spent, C.RHO_BUDGET: ledger.budget_rho,
                     C.DELTA: ledger.delta, C.EPSILON_CKS: ledger.epsilon_cks(),
@@ -182,7 +195,7 @@ def ledger_metrics(counts: NoisyCounts, ledger: PrivacyLedger, pid: int, cfg: Ru
 # ------------------------------------------------------------- post-processing
 def fit(cfg: RunConfig, counts: NoisyCounts) -> PoolLearner:
     """POOL on the released counts (post-processing)."""
-    return make_pool_learner(inventory_model(cfg), delta=cfg.pool_delta,
+    return make_pool_learner(inventory_model(cfg), delta=cfg.pool.delta,
                              random_state=cfg.seed, **learner_options(cfg)).fit(counts)
 
 
@@ -194,7 +207,7 @@ def anchor_values(learner: PoolLearner, anchors: np.ndarray) -> np.ndarray:
 def empty_learner(cfg: RunConfig) -> PoolLearner:
     """POOL fitted on zero counts: every zone unknown, Q = 0 (the pessimistic prior)."""
     zones, cells = zoning(cfg)
-    H = cfg.pool_horizon
+    H = cfg.pool.horizon
     zero = NoisyCounts(np.zeros((H, zones.n_zones)), np.zeros((H, zones.n_zones, cells.n_cells)),
                        zones, cells, math.inf, 0.0, "none")
     return fit(cfg, zero)
@@ -268,7 +281,7 @@ class GapEvaluator:
 
     def __init__(self, cfg: RunConfig) -> None:
         self.model = inventory_model(cfg)
-        self.episodes = cfg.pool_eval_episodes
+        self.episodes = cfg.pool.eval_episodes
         self.seed = pool_evaluation_seed(cfg.seed)
         reference, _ = optimal_policy(self.model)
         self.c_star = self.model.rollout_cost(reference, self.episodes, self.seed)
@@ -286,12 +299,12 @@ def pool_anchors(cfg: RunConfig) -> np.ndarray:
     orders in the public simulator (the behaviour distribution, no client data);
     ``file``: a .npy array of shape (m, w + d) with values in [0, 1].
     """
-    w, m = cfg.pool_products, cfg.num_anchors
+    w, m = cfg.pool.products, cfg.num_anchors
     rng = pool_anchor_rng(cfg.seed)
     if cfg.anchor_source == "uniform":
         return rng.random((m, 2 * w))
     if cfg.anchor_source == "rollouts":
-        per = math.ceil(m / cfg.pool_horizon)
+        per = math.ceil(m / cfg.pool.horizon)
         data = generate_dataset(inventory_model(cfg), per, random_state=int(rng.integers(2**31)))
         b = np.concatenate([data.states[:, :-1], data.actions], axis=-1).reshape(-1, 2 * w)
         return b[rng.permutation(len(b))[:m]]
@@ -299,5 +312,5 @@ def pool_anchors(cfg: RunConfig) -> np.ndarray:
     if anchors.ndim != 2 or anchors.shape[1] != 2 * w or not np.all((anchors >= 0)
                                                                     & (anchors <= 1)):
         raise ValueError(f"anchor file {cfg.anchor_file}: expected (m, {2 * w}) values in "
-                         f"[0, 1] for pool-products = {w}, got shape {anchors.shape}")
+                         f"[0, 1] for the POOL setting products = {w}, got shape {anchors.shape}")
     return anchors

@@ -2,12 +2,14 @@
 copy and edit (this folder holds the built-in tasks' and the deep baselines').
 
 A preset sets run-config keys (:data:`RUN_KEYS`: the encoder, the FQI solve, the round
-length, the anchors) and the online learner's own settings (:class:`OnlineSettings`:
-exploration, which transitions enter the buffer, the targets). Top-level keys apply to
-both encoders; a ``[shared]`` or ``[heterogeneous]`` table overrides them for that
-encoder. The run config's ``online-settings`` chooses one: ``"auto"`` (the task's file
-here, or settings derived from the env, :mod:`fedqhd.presets.derive`), ``"manual"``
-(:class:`OnlineSettings`' defaults, the run-config keys as given) or the path of a file.
+length, the anchors) and the learner's own settings: the online FQI learner's
+(:class:`OnlineSettings`: exploration, which transitions enter the buffer, the targets) or
+the POOL learner's (:class:`PoolSettings`: the inventory task and POOL's zones).
+Top-level keys apply to both encoders; a ``[shared]`` or ``[heterogeneous]`` table
+overrides them for that encoder. The run config's ``preset`` chooses one: ``"auto"``
+(the task's file here; ``dqn.toml`` and ``pool.toml`` for those learners),
+``"manual"`` (the settings' defaults, the run-config keys as given) or the path of a
+file.
 
 Why each built-in value: BENCHMARKS.md, "Online presets".
 """
@@ -21,8 +23,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENCODER_TABLES", "OnlineSettings", "PresetError", "RUN_KEYS", "builtin_preset",
-           "load_preset", "preset_path", "resolve_preset"]
+from fedqhd.envs.inventory import DEMANDS, MODELS
+from fedqhd.pool.api import ZONINGS
+from fedqhd.pool.learner import KERNELS
+
+__all__ = ["ENCODER_TABLES", "OnlineSettings", "PoolSettings", "PresetError", "RUN_KEYS",
+           "builtin_preset", "load_preset", "preset_path", "resolve_preset"]
 
 #: the folder of the built-in presets
 PRESET_DIR = Path(__file__).resolve().parent
@@ -69,6 +75,10 @@ def _flag(v: Any) -> str | None:
     return None if isinstance(v, bool) else "true or false"
 
 
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
+    return lambda v: None if v in options else f"one of {', '.join(options)}"
+
+
 def _setting(default: Any, check: Callable[[Any], str | None], doc: str) -> Any:
     return field(default=default, metadata={"check": check, "doc": doc})
 
@@ -76,7 +86,7 @@ def _setting(default: Any, check: Callable[[Any], str | None], doc: str) -> Any:
 @dataclass(frozen=True)
 class OnlineSettings:
     """The online FQI learner's own settings (field ``foo_bar`` is preset key ``foo-bar``);
-    the defaults are what ``online-settings = "manual"`` runs with."""
+    the defaults are what ``preset = "manual"`` runs with."""
 
     epsilon: tuple[float, float, float] = _setting(
         (1.0, 0.9, 0.01), _epsilon, "exploration: epsilon of the first episode, multiplied "
@@ -111,9 +121,48 @@ class OnlineSettings:
                 for f in fields(self)}
 
 
-def _check_settings(values: Mapping[str, Any], source: str) -> OnlineSettings:
-    """The :class:`OnlineSettings` of preset keys ``values`` (kebab-case), each checked."""
-    by_key = {f.name.replace("_", "-"): f for f in fields(OnlineSettings)}
+@dataclass(frozen=True)
+class PoolSettings:
+    """The POOL learner's settings (``learner = "pool"``, the inventory task); the
+    defaults are ``fedqhd/presets/pool.toml``."""
+
+    delta: float = _setting(1e-5, _number(0.0, 0.5, lo_open=True),
+                            "delta of the reported epsilon and of E_rho")
+    products: int = _setting(2, _number(1, 8, integer=True), "w products (w + d = 2w)")
+    horizon: int = _setting(7, _number(1, 100, integer=True), "H stages")
+    dynamics: str = _setting("lost_sales", _choice(MODELS), "inventory dynamics")
+    demand: str = _setting("uniform", _choice(DEMANDS), "demand: U[0, D_max] or bike")
+    trajectories: int = _setting(1000, _number(1, 10_000_000, integer=True),
+                                 "trajectories in a client's shard")
+    zones: int = _setting(50, _number(1, 100_000, integer=True), "M zones")
+    zoning: str = _setting("post-decision", _choice(ZONINGS),
+                           "post-decision (zones over y = s + a) | norm (the paper's) | grid")
+    kernel: str = _setting("auto", _choice(("auto", *KERNELS)), "next-state kernel: shared "
+                           "(one demand law per stage) | zone (the paper's) | auto (shared "
+                           "for post-decision zones)")
+    cells: int = _setting(20, _number(1, 100_000, integer=True), "next-state cells")
+    boundary: float = _setting(1.0, _number(0.0, 1.0, lo_open=True),
+                               "observable boundary |lambda| per coordinate")
+    trust: float = _setting(1.0, _number(0.0, 1.0), "weight of the teacher in a client's "
+                            "policy")
+    eval_episodes: int = _setting(2000, _number(1, 10_000_000, integer=True),
+                                  "inventory episodes per evaluation (common random numbers)")
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name.replace("_", "-") for f in fields(cls))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+
+
+Settings = OnlineSettings | PoolSettings
+
+
+def _check_settings(values: Mapping[str, Any], source: str,
+                    cls: type[Settings] = OnlineSettings) -> Settings:
+    """The settings ``cls`` of preset keys ``values`` (kebab-case), each checked."""
+    by_key = {f.name.replace("_", "-"): f for f in fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in values.items():
         f = by_key[key]
@@ -126,10 +175,10 @@ def _check_settings(values: Mapping[str, Any], source: str) -> OnlineSettings:
         elif f.type in ("float", float) and isinstance(value, int):
             value = float(value)
         kwargs[f.name] = value
-    return OnlineSettings(**kwargs)
+    return cls(**kwargs)
 
 
-def load_preset(path: str | Path) -> dict[str, Any]:
+def load_preset(path: str | Path, cls: type[Settings] = OnlineSettings) -> dict[str, Any]:
     """A preset file as a dict (top-level keys, and the encoder tables as dicts); refused
     with :class:`PresetError` naming the file (and the key) when it is unreadable, names
     an unknown key or table, or gives a learner setting out of range. Run-config keys are
@@ -139,7 +188,7 @@ def load_preset(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise PresetError(f"preset {path}: not a readable TOML file ({exc})") from None
-    valid = set(RUN_KEYS) | set(OnlineSettings.keys())
+    valid = set(RUN_KEYS) | set(cls.keys())
     for table in (data, *(data.get(t, {}) for t in ENCODER_TABLES)):
         if not isinstance(table, dict):
             raise PresetError(f"preset {path}: [{table}] must be a table of keys")
@@ -150,8 +199,8 @@ def load_preset(path: str | Path) -> dict[str, Any]:
                               f"{sorted(valid)} and the tables {list(ENCODER_TABLES)}")
     for encoder in ENCODER_TABLES:  # every learner setting, as each encoder would take it
         merged = {**data, **data.get(encoder, {})}
-        _check_settings({k: v for k, v in merged.items() if k in OnlineSettings.keys()},
-                        f"preset {path}")
+        _check_settings({k: v for k, v in merged.items() if k in cls.keys()},
+                        f"preset {path}", cls)
     return data
 
 
@@ -166,12 +215,13 @@ def builtin_preset(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def resolve_preset(data: Mapping[str, Any], encoder: str, source: str
-                   ) -> tuple[dict[str, Any], OnlineSettings]:
-    """The run-config keys and the learner settings a preset gives an ``encoder``."""
+def resolve_preset(data: Mapping[str, Any], encoder: str, source: str,
+                   cls: type[Settings] = OnlineSettings) -> tuple[dict[str, Any], Any]:
+    """The run-config keys and the learner settings (a ``cls``) a preset gives an
+    ``encoder``."""
     merged = {k: v for k, v in data.items() if k not in ENCODER_TABLES}
     merged.update(data.get(encoder, {}))
     run_keys = {k: v for k, v in merged.items() if k in RUN_KEYS}
-    settings = _check_settings({k: v for k, v in merged.items()
-                                if k in OnlineSettings.keys()}, source)
+    settings = _check_settings({k: v for k, v in merged.items() if k in cls.keys()}, source,
+                               cls)
     return run_keys, settings

@@ -17,8 +17,8 @@ def _audit(a: argparse.Namespace) -> int:
     from fedqhd.privacy.noise import NoiseSource, NumpyNoise, OpenDPNoise
 
     cfg = RunConfig.from_run_config({
-        "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": a.seed,
-        "pool-horizon": a.horizon, "pool-trajectories": a.trajectories, "pool-rho": a.rho})
+        "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": a.seed, "pool-rho": a.rho,
+    }).with_pool(horizon=a.horizon, trajectories=a.trajectories)
     d, d_prime = neighbouring_counts(cfg, a.neighbours)
     inner: NoiseSource = NumpyNoise(a.seed) if a.noise == "numpy" else OpenDPNoise()
     source = ScaledNoise(inner, a.noise_scale_factor)

@@ -8,7 +8,7 @@ discrete Gaussian exactly from a cryptographically secure generator; it is the
 default of the Flower app. A :class:`NumpyNoise` without a seed draws its seed
 from fresh OS entropy, so noise seeded from a run config (which anyone holding
 the config can regenerate, recovering every unclipped count) only happens when
-a run asks for it (``reproducible-noise = true``).
+a node asks for it (node config ``reproducible-noise = true``).
 """
 
 from __future__ import annotations

@@ -44,8 +44,7 @@ def main(grid: Grid, context: Context) -> None:
     try:
         # Flower's simulation polls every stored message per node: keep few stored at once,
         # and let a node's poll look at its own messages only
-        final, out_dir = run_federation(for_simulation(grid, cfg.sim_window, cfg.sim_index),
-                                        cfg)
+        final, out_dir = run_federation(for_simulation(grid), cfg)
     except CheckpointError as exc:
         log(ERROR, "fedqhd: cannot resume, the run stops: %s", exc)
         raise

@@ -26,8 +26,8 @@ class FedQHDAvg(FunctionSpaceStrategy):
     every state: parameter and function-space averaging coincide.
 
     The server step is the same for both client updates of fedqhd's ClientApp:
-    plain local fits (``client-update=proximal``) or one consensus-ADMM step
-    (``client-update=admm``: clients reply ``w_i + v_i``, their local readout
+    plain local fits (online runs) or one consensus-ADMM step
+    (offline runs: clients reply ``w_i + v_i``, their local readout
     plus scaled dual, and the weighted mean of the replies is ADMM's consensus
     update, whose fixed point is ridge FQI on the pooled data).
 
