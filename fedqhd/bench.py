@@ -285,7 +285,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             if not sep:
                 raise SystemExit(f"--set {item!r}: expected KEY=VALUE") from None
             given[key.strip()] = value.strip()
-    parsed = RunConfig.from_run_config(given).to_run_config()
+    from fedqhd.learners import parse_run_config
+
+    parsed = parse_run_config(given).to_run_config()
     return {k.replace("-", "_"): parsed[k] for k in given}
 
 

@@ -326,11 +326,11 @@ def inprocess(n_clients: int, run_config: dict[str, Any], out: Path,
 
 def _inprocess_child(n_clients: int, run_config: dict[str, Any]) -> None:
     from fedqhd.client.app import app as client_app
-    from fedqhd.config import RunConfig
+    from fedqhd.learners import parse_run_config
     from fedqhd.server.app import run_federation
     from fedqhd.server.inprocess import InProcessGrid
 
-    cfg = RunConfig.from_run_config(run_config)
+    cfg = parse_run_config(run_config)
     run_federation(InProcessGrid([client_app] * n_clients, run_config=cfg.to_run_config()), cfg)
 
 

@@ -25,6 +25,7 @@ from fedqhd.envs import (
     rollout_returns,
     unregister_env,
 )
+from fedqhd.learners import parse_run_config
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_env"
 
@@ -206,7 +207,7 @@ def test_env_module_is_imported_before_validation(example_env) -> None:
                                           "'no_such_mod' could not be imported"):
         RunConfig.from_run_config({"env-module": "no_such_mod"})
     with pytest.raises(ConfigError, match="'epsilon-min' = 0.8 .*no heuristic controller"):
-        RunConfig.from_run_config({"env-module": "my_env", "env-id": "MyEnv-v0"})
+        parse_run_config({"env-module": "my_env", "env-id": "MyEnv-v0"})
     cfg = RunConfig.from_run_config({"env-module": "my_env", "env-id": "MyEnv-v0",
                                      "epsilon-min": 1.0, "epsilon-max": 1.0})
     assert cfg.env_id == "MyEnv-v0" and "MyEnv-v0" in ENV_IDS

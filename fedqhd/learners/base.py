@@ -11,16 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp.strategy import Strategy
 
+from fedqhd.config import RunConfig
 from fedqhd.strategies import contract as C
-
-if TYPE_CHECKING:
-    from fedqhd.config import RunConfig
 
 Arrays = dict[str, np.ndarray]
 Metrics = dict[str, float]

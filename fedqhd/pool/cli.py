@@ -159,7 +159,7 @@ def federated_study(clients: int, rho: float, seeds: int, **keys: object) -> dic
     import numpy as np
 
     from fedqhd.client.app import app as client_app
-    from fedqhd.config import RunConfig
+    from fedqhd.learners import parse_run_config
     from fedqhd.pool.federated import ClientPrivacy, GapEvaluator, fit, release
     from fedqhd.server.app import run_federation
     from fedqhd.server.inprocess import InProcessGrid
@@ -169,7 +169,7 @@ def federated_study(clients: int, rho: float, seeds: int, **keys: object) -> dic
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(seeds):
-            cfg = RunConfig.from_run_config({
+            cfg = parse_run_config({
                 "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": seed,
                 "num-server-rounds": 1, "pool-rho": rho, "min-nodes": clients,
                 "output-dir": tmp, "pool-noise": "numpy", "reproducible-noise": True, **keys})

@@ -10,13 +10,13 @@ from pathlib import Path
 
 
 def _audit(a: argparse.Namespace) -> int:
-    from fedqhd.config import RunConfig
+    from fedqhd.learners import parse_run_config
     from fedqhd.pool.audit import neighbouring_counts
     from fedqhd.pool.counts import count_sensitivity
     from fedqhd.privacy.audit import ScaledNoise, audit_release
     from fedqhd.privacy.noise import NoiseSource, NumpyNoise, OpenDPNoise
 
-    cfg = RunConfig.from_run_config({
+    cfg = parse_run_config({
         "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": a.seed,
         "pool-horizon": a.horizon, "pool-trajectories": a.trajectories, "pool-rho": a.rho})
     d, d_prime = neighbouring_counts(cfg, a.neighbours)
