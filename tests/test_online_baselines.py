@@ -240,8 +240,8 @@ def test_the_pooled_oracle_is_ridge_fqi_on_the_union_of_the_buffers(tmp_path, mo
 
 
 def test_paper_suite_runs_truncate_avg_and_the_oracle(tmp_path):
-    from fedqhd import paper
-    from fedqhd.cli import main
+    from fedqhd.commands.main import main
+    from fedqhd.studies import paper
 
     rc = main(["bench", "--suite", "paper", "--envs", "CartPole-v1", "--methods",
                "truncate-avg,oracle", "--seeds", "0", "--clients", "2", "--episodes", "40",

@@ -19,8 +19,8 @@ from fedqhd.config import ConfigError, RunConfig
 from fedqhd.envs.inventory import generate_dataset
 from fedqhd.learners import parse_run_config
 from fedqhd.learners import pool as pool_learner
+from fedqhd.learners import pool_federated as pl
 from fedqhd.pool import count_visits
-from fedqhd.pool import federated as pl
 from fedqhd.privacy import BudgetExceededError
 from fedqhd.seeding import pool_data_seed
 from fedqhd.server.app import run_federation

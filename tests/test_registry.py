@@ -11,9 +11,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from fedqhd.commands.data import register as register_data_cli
 from fedqhd.config import ConfigError, RunConfig
 from fedqhd.data import ShardError, collect_shard, load_shard, save_shard, shards_from_arrays
-from fedqhd.data.cli import register as register_data_cli
 from fedqhd.encoders import HDEncoder
 from fedqhd.envs import (
     BUILTIN_ENV_IDS,

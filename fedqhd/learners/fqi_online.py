@@ -12,7 +12,7 @@ reply carries ``train-return-last100``, the paper's metric: the mean return of
 the client's last 100 training episodes. The numeric core is
 :class:`fedqhd.online.OnlineClient`.
 
-The paper's baselines run in the same app (the paper suite, :mod:`fedqhd.paper`, runs
+The paper's baselines run in the same app (the paper suite, :mod:`fedqhd.studies.paper`, runs
 this app in process): ``strategy = "none"``
 (independent learners: FedQHDIndependent, metrics only, each client learns from
 its own readout and evaluates it) and ``strategy = "truncate"``

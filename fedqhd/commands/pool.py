@@ -16,7 +16,7 @@ from pathlib import Path
 from fedqhd.envs.inventory import BEHAVIOURS, DEMANDS, MODELS
 from fedqhd.pool.api import ZONINGS
 from fedqhd.pool.baselines import METHODS
-from fedqhd.pool.experiments import Setting, grid_study, rho_study, run_grid, sweep_study
+from fedqhd.studies.pool_experiments import Setting, grid_study, rho_study, run_grid, sweep_study
 
 
 def _floats(text: str) -> list[float]:
@@ -160,7 +160,7 @@ def federated_study(clients: int, rho: float, seeds: int, **keys: object) -> dic
 
     from fedqhd.client.app import app as client_app
     from fedqhd.learners import parse_run_config
-    from fedqhd.pool.federated import ClientPrivacy, GapEvaluator, fit, release
+    from fedqhd.learners.pool_federated import ClientPrivacy, GapEvaluator, fit, release
     from fedqhd.server.app import run_federation
     from fedqhd.server.inprocess import InProcessGrid
     from fedqhd.strategies import contract as C

@@ -11,10 +11,10 @@ from pathlib import Path
 
 def _audit(a: argparse.Namespace) -> int:
     from fedqhd.learners import parse_run_config
-    from fedqhd.pool.audit import neighbouring_counts
     from fedqhd.pool.counts import count_sensitivity
     from fedqhd.privacy.audit import ScaledNoise, audit_release
     from fedqhd.privacy.noise import NoiseSource, NumpyNoise, OpenDPNoise
+    from fedqhd.studies.pool_audit import neighbouring_counts
 
     cfg = parse_run_config({
         "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": a.seed,

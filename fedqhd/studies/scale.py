@@ -305,7 +305,7 @@ def inprocess(n_clients: int, run_config: dict[str, Any], out: Path,
               timeout: float = 3600.0) -> dict[str, Any]:
     """The run on :class:`~fedqhd.server.inprocess.InProcessGrid` in a child process."""
     out.mkdir(parents=True, exist_ok=True)
-    code = ("import json,sys; from fedqhd.scale import _inprocess_child as f; "
+    code = ("import json,sys; from fedqhd.studies.scale import _inprocess_child as f; "
             "f(int(sys.argv[1]), json.loads(sys.argv[2]))")
     cfg = {**run_config, "output-dir": str(out / "inprocess")}
     t0 = time.perf_counter()
@@ -457,7 +457,7 @@ def run_suite(clients: int, rounds: int, out: Path, *, flwr: bool, app_dir: Path
     from threadpoolctl import threadpool_limits
     from tqdm import tqdm
 
-    from fedqhd import perf
+    from fedqhd.studies import perf
 
     rc = {"num-server-rounds": rounds, "eval-episodes": 3, "seed": seed, **(run_config or {})}
     parts = ["in-process", *(["flwr-run"] if flwr else []), "streaming", "exact", "blas"]
@@ -476,7 +476,7 @@ def run_suite(clients: int, rounds: int, out: Path, *, flwr: bool, app_dir: Path
                     / summary["in-process"]["later-round-mean-s"], 2)
             elif part == "streaming":
                 summary["streaming"] = _child_json(
-                    "import json; from fedqhd.perf import streaming_memory as f; "
+                    "import json; from fedqhd.studies.perf import streaming_memory as f; "
                     f"print(json.dumps(f({transitions}, {dim}, sweeps=1, seed={seed}, "
                     "stream=True)))")
             elif part == "exact":

@@ -239,9 +239,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     suite = p.add_argument_group("the paper's table (--suite paper): online protocol, "
                                  "5 clients x 600 episodes, seeds 42,43,44 unless given")
     suite.add_argument("--suite", choices=["paper", "scale"],
-                       help="instead: the FedQHD paper's table (fedqhd.paper), or the scale "
-                       "suite (fedqhd.scale: in-process vs flwr run round time at --clients, "
-                       "streamed-fit memory, FedQHDExact exactness, BLAS fraction)")
+                       help="instead: the FedQHD paper's table (fedqhd.studies.paper), or the "
+                       "scale suite (fedqhd.studies.scale: in-process vs flwr run round time at "
+                       "--clients, streamed-fit memory, FedQHDExact exactness, BLAS fraction)")
     suite.add_argument("--envs", help="comma-separated tasks (default: all four)")
     suite.add_argument("--settings", help="shared,heterogeneous (default: both)")
     suite.add_argument("--methods", help="comma-separated (default: "
@@ -292,7 +292,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 def _paper_suite(args: argparse.Namespace) -> int:
-    from fedqhd import paper
+    from fedqhd.studies import paper
 
     def pick(text: str | None, default: tuple[str, ...]) -> list[str]:
         return [v for v in text.split(",") if v] if text else list(default)
@@ -337,7 +337,7 @@ def _paper_suite(args: argparse.Namespace) -> int:
 
 
 def _scale_suite(args: argparse.Namespace) -> int:
-    from fedqhd import scale
+    from fedqhd.studies import scale
 
     out = args.out or Path("outputs/scale")
     if not args.no_flwr and not (args.app / "pyproject.toml").is_file():
