@@ -14,7 +14,7 @@ import sys
 #: sub-command modules, in the order ``--help`` lists them
 SUBCOMMAND_MODULES = (
     "fedqhd.commands.data",
-    "fedqhd.studies.bench",
+    "fedqhd.commands.bench",
     "fedqhd.commands.pool",
     "fedqhd.commands.privacy",
     "fedqhd.commands.deploy",

@@ -1,4 +1,4 @@
-"""``fedqhd bench``: federated vs pooled vs lone learners, measured the same way.
+"""The bench: federated vs pooled vs lone learners, measured the same way.
 
 For each seed it trains, on the same client shards and with the same number of
 FQI sweeps, (1) ridge FQI on all pooled data with the shared encoder, (2) every
@@ -6,12 +6,12 @@ client alone (shared encoder, and its own heterogeneous encoder), (3) FedQHDAvg
 with the shared encoder and (4) FedQHDAnchor with heterogeneous encoders, and
 evaluates each greedy policy on the same evaluation episodes. The federated runs
 use the real ServerApp logic and ClientApp in process (no Ray), so the numbers
-are those of ``flwr run`` without the transport.
+are those of ``flwr run`` without the transport. The command is ``fedqhd bench``
+(:mod:`fedqhd.commands.bench`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import time
@@ -164,22 +164,6 @@ def run_bench(env_id: str, n_clients: int, seeds: list[int], rounds: int,
     return summary
 
 
-def _print_table(summary: dict[str, Any]) -> None:
-    print(f"\n{summary['env-id']}, {summary['clients']} clients, {summary['rounds']} rounds")
-    print("| seed | pooled FQI | FedQHDAvg | FedQHDAnchor (het.) | lone (shared) | lone (het.) |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for r in summary["per-seed"]:
-        print(f"| {r['seed']} | {r['pooled']:.1f} | {r['fedqhd-avg']['return-mean']:.1f} | "
-              f"{r['fedqhd-anchor']['return-mean']:.1f} | {r['lone-shared-mean']:.1f} | "
-              f"{r['lone-heterogeneous-mean']:.1f} |")
-    m = summary["mean"]
-    print(f"| mean | {m['pooled']:.1f} | {m['fedqhd-avg']:.1f} | {m['fedqhd-anchor']:.1f} | "
-          f"{m['lone-shared-mean']:.1f} | {m['lone-heterogeneous-mean']:.1f} |")
-    print(f"FedQHDAvg / pooled = {m['avg-over-pooled']:.3f}; FedQHDAvg vs pooled FQI on the "
-          f"pooled data states: Q error {m['avg-q-error-vs-pooled']:.3f} (relative), greedy "
-          f"actions agree on {100 * m['avg-greedy-agreement']:.1f} %")
-
-
 def fqi_speed(env_id: str, n_clients: int, dim: int, sweeps: int, seed: int = 0) -> dict[str, Any]:
     """Seconds per FQI sweep on the pooled shards: factored once (what fedqhd does) vs
     solving every action's regularised normal equations afresh in every sweep."""
@@ -213,189 +197,3 @@ def fqi_speed(env_id: str, n_clients: int, dim: int, sweeps: int, seed: int = 0)
             "setup-s": setup, "factored-sweep-s": factored, "naive-sweep-s": naive,
             "speedup": naive / factored,
             "max-readout-difference": float(np.abs(readout - fqi.readout_).max())}
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("bench", help="federated vs pooled vs lone FQI (in process)")
-    p.add_argument("--env", default="CartPole-v1",
-                   help="a registered env id (the four tasks, or one of --env-module's)")
-    p.add_argument("--env-module", default="",
-                   help="module(s) to import first, comma-separated: importing registers your "
-                   "environments (passed on as run-config key env-module)")
-    p.add_argument("--clients", type=int, help="clients (default 10; --suite paper: 5)")
-    p.add_argument("--seeds", help="comma-separated (default 0,1,2; --suite paper: 42,43,44; "
-                   "--suite paper also takes ranges: 42-61)")
-    p.add_argument("--rounds", type=int, help="rounds (default 30; --suite scale: 5)")
-    p.add_argument("--out", type=Path,
-                   help="output folder (default outputs/bench; --suite paper: outputs/paper)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="run-config override as for flwr run --run-config, e.g. --set "
-                   "hd-dim=1000 --set \"partition='iid'\" (repeatable)")
-    p.add_argument("--only", choices=["avg", "anchor"],
-                   help="run only this federated strategy (no pooled or lone baselines)")
-    p.add_argument("--speed", action="store_true",
-                   help="instead: seconds per FQI sweep, factored once vs re-solved")
-    p.add_argument("--dim", type=int, default=2000, help="D for --speed")
-    suite = p.add_argument_group("the paper's table (--suite paper): online protocol, "
-                                 "5 clients x 600 episodes, seeds 42,43,44 unless given")
-    suite.add_argument("--suite", choices=["paper", "scale"],
-                       help="instead: the FedQHD paper's table (fedqhd.studies.paper), or the "
-                       "scale suite (fedqhd.studies.scale: in-process vs flwr run round time at "
-                       "--clients, streamed-fit memory, FedQHDExact exactness, BLAS fraction)")
-    suite.add_argument("--envs", help="comma-separated tasks (default: all four)")
-    suite.add_argument("--settings", help="shared,heterogeneous (default: both)")
-    suite.add_argument("--methods", help="comma-separated (default: "
-                       "fedqhd,independent,truncate-avg,fedavg-dqn,distill-dqn,oracle)")
-    suite.add_argument("--episodes", type=int, default=600, help="episodes per client")
-    suite.add_argument("--resume", action="store_true",
-                       help="--out holds a stopped suite's paper.json: keep its cells and run "
-                       "only the missing ones")
-    suite.add_argument("--jobs", type=int, default=1,
-                       help="cells run at once, each in its own process with one BLAS thread "
-                       "(the numbers of OMP_NUM_THREADS=1 runs; default 1)")
-    suite.add_argument("--overwrite", action="store_true",
-                       help="start over even where --out holds a paper.json with cells")
-    suite.add_argument("--merge", metavar="PAPER_JSON", nargs="+", type=Path,
-                       help="run nothing: join these suites' paper.json files (same protocol; "
-                       "a cell in two files must have one result) into --out's table, "
-                       "paper.json and curves")
-    scale = p.add_argument_group("--suite scale (default --clients 10 --rounds 5)")
-    scale.add_argument("--no-flwr", action="store_true",
-                       help="skip the flwr run (Ray) measurement")
-    scale.add_argument("--transitions", type=int, default=20_000,
-                       help="transitions of the streamed fit (at --dim)")
-    scale.add_argument("--app", type=Path, default=Path("."),
-                       help="the Flower app folder flwr run builds (default: .)")
-    p.set_defaults(func=_main)
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``--set`` values as Flower's ``--run-config`` reads them (TOML values: strings in
-    quotes, ``true``/``false``), validated as run-config keys; returns RunConfig fields.
-    A value that is not TOML is taken as a bare string (``--set client-update=proximal``)."""
-    from click import ClickException
-    from flwr.common.config import parse_config_args
-
-    given: dict[str, Any] = {}
-    for item in items:
-        try:
-            given.update(parse_config_args([item]))
-        except ClickException:
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise SystemExit(f"--set {item!r}: expected KEY=VALUE") from None
-            given[key.strip()] = value.strip()
-    from fedqhd.learners import parse_run_config
-
-    parsed = parse_run_config(given).to_run_config()
-    return {k.replace("-", "_"): parsed[k] for k in given}
-
-
-def _paper_suite(args: argparse.Namespace) -> int:
-    from fedqhd.studies import paper
-
-    def pick(text: str | None, default: tuple[str, ...]) -> list[str]:
-        return [v for v in text.split(",") if v] if text else list(default)
-
-    envs = pick(args.envs, paper.ENVS)
-    settings = pick(args.settings, paper.SETTINGS)
-    methods = pick(args.methods, paper.METHODS)
-    for name, values, valid in (("--envs", envs, paper.ENVS),
-                                ("--settings", settings, paper.SETTINGS),
-                                ("--methods", methods, paper.METHODS)):
-        bad = [v for v in values if v not in valid]
-        if bad:
-            raise SystemExit(f"{name}: unknown {bad}; valid: {', '.join(valid)}")
-    try:
-        seeds = paper.parse_seeds(args.seeds) if args.seeds else list(paper.SEEDS)
-    except ValueError as exc:
-        raise SystemExit(f"--seeds: {exc}") from None
-    if args.jobs < 1:
-        raise SystemExit(f"--jobs: must be >= 1, got {args.jobs}")
-    clients = args.clients or 5
-    out = args.out or Path("outputs/paper")
-    try:
-        if args.merge:
-            if args.resume or args.overwrite:
-                raise ValueError("--merge runs nothing: it takes no --resume or --overwrite")
-            target = out / "paper.json"
-            if target.exists() and target.resolve() not in [p.resolve() for p in args.merge]:
-                raise FileExistsError(f"{target} exists; merge into another --out (or name "
-                                      "it among the --merge files)")
-            summary = paper.merge(args.merge)
-            paper.write_outputs(summary, out)
-        else:
-            summary = paper.run_suite(envs, settings, methods, seeds, out,
-                                      episodes=args.episodes, clients=clients,
-                                      resume=args.resume, overwrite=args.overwrite,
-                                      jobs=args.jobs)
-    except (ValueError, FileExistsError) as exc:
-        raise SystemExit(f"error: {exc}") from None
-    print(paper.markdown_table(summary))
-    print(f"written {out / 'paper.json'}, {out / 'paper-table.md'} and curves-*.png")
-    return 0
-
-
-def _scale_suite(args: argparse.Namespace) -> int:
-    from fedqhd.studies import scale
-
-    out = args.out or Path("outputs/scale")
-    if not args.no_flwr and not (args.app / "pyproject.toml").is_file():
-        raise SystemExit(f"--app {args.app}: no pyproject.toml (the Flower app flwr run builds); "
-                         "run from the fedqhd checkout or pass --no-flwr")
-    overrides = {"env-id": args.env,
-                 **{k.replace("_", "-"): v for k, v in parse_overrides(args.set).items()}}
-    seed = int(args.seeds.split(",")[0]) if args.seeds else 0
-    summary = scale.run_suite(args.clients or 10, args.rounds or 5, out,
-                              flwr=not args.no_flwr, app_dir=args.app.resolve(),
-                              run_config=overrides, transitions=args.transitions,
-                              dim=args.dim, seed=seed)
-    print(scale.markdown(summary))
-    print(f"written {out / 'scale.json'}")
-    return 0
-
-
-def _main(args: argparse.Namespace) -> int:
-    from fedqhd.config import ConfigError
-
-    if args.env_module:
-        args.set = [f"env-module='{args.env_module}'", *args.set]
-    try:  # the module first (it registers the env), then the env id: errors, not tracebacks
-        parse_overrides([*args.set, f"env-id='{args.env}'"])
-    except ConfigError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    if args.suite == "paper":
-        return _paper_suite(args)
-    if args.suite == "scale":
-        return _scale_suite(args)
-    args.rounds = args.rounds or 30
-    args.clients = args.clients or 10
-    args.seeds = args.seeds or "0,1,2"
-    args.out = args.out or Path("outputs/bench")
-    if args.speed:
-        result = fqi_speed(args.env, args.clients, args.dim, sweeps=10)
-        print(json.dumps(result, indent=2))
-        return 0
-    overrides = parse_overrides(args.set)
-    seeds = [int(s) for s in args.seeds.split(",")]
-    if args.only:
-        summary = run_federated_only(args.env, args.clients, seeds, args.rounds, args.out,
-                                     overrides, args.only)
-        for row in summary["per-seed"]:
-            close = (f"; vs pooled FQI: Q error {row['q-error-vs-pooled']:.3f}, greedy "
-                     f"agreement {100 * row['greedy-agreement']:.1f} %"
-                     if "greedy-agreement" in row else "")
-            print(f"seed {row['seed']}: final return {row['return-mean']:.1f} "
-                  f"(best {row['best-return-mean']:.1f}){close} {row['run-dir']}")
-        rows = summary["per-seed"]
-        line = f"mean final return {np.mean([r['return-mean'] for r in rows]):.1f}"
-        if "greedy-agreement" in rows[0]:
-            agree = 100 * np.mean([r["greedy-agreement"] for r in rows])
-            line += (f"; Q error {np.mean([r['q-error-vs-pooled'] for r in rows]):.3f}, "
-                     f"greedy agreement {agree:.2f} %")
-        print(line)
-        return 0
-    summary = run_bench(args.env, args.clients, seeds, args.rounds, args.out, overrides)
-    _print_table(summary)
-    print(f"written {args.out / 'bench.json'}")
-    return 0
