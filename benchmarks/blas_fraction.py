@@ -1,7 +1,7 @@
 """How close a client's local fit runs to this machine's dense matrix-multiply peak.
 
 For each D, in one run and with one BLAS thread count (threadpoolctl), prints
-:func:`fedqhd.perf.blas_fraction` as JSON (also part of ``fedqhd bench --suite scale``).
+:func:`fedqhd.studies.perf.blas_fraction` as JSON (also part of ``fedqhd bench --suite scale``).
 
     PYTHONPATH=. python benchmarks/blas_fraction.py --dims 1024 2000 --rows 16384
 """
@@ -13,7 +13,7 @@ import json
 
 from threadpoolctl import threadpool_limits
 
-from fedqhd.perf import blas_fraction
+from fedqhd.studies.perf import blas_fraction
 
 
 def main() -> None:

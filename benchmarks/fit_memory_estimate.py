@@ -29,8 +29,8 @@ def main() -> None:
     from fedqhd.envs import get_spec
     from fedqhd.learners.fqi import FQILearner
     from fedqhd.memory import fit_memory
-    from fedqhd.perf import cartpole_shard
     from fedqhd.readout import distinct_state_count
+    from fedqhd.studies.perf import cartpole_shard
 
     spec = get_spec("CartPole-v1")
     for case in args.cases:

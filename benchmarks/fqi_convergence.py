@@ -22,12 +22,12 @@ import argparse
 
 import numpy as np
 
-from fedqhd.bench import client_shards, greedy_return
 from fedqhd.config import RunConfig
 from fedqhd.data import pooled
 from fedqhd.envs import get_spec
 from fedqhd.learners.fqi import FQILearner, shared_encoder
 from fedqhd.readout import value_range
+from fedqhd.studies.bench import client_shards, greedy_return
 
 TASKS = ["CartPole-v1", "Acrobot-v1", "MountainCar-v0", "LunarLander-v3"]
 

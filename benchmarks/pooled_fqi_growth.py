@@ -18,11 +18,11 @@ import argparse
 
 import numpy as np
 
-from fedqhd.bench import client_shards, greedy_return
 from fedqhd.config import RunConfig
 from fedqhd.data import pooled
 from fedqhd.envs import get_spec
 from fedqhd.learners.fqi import FQILearner, shared_encoder
+from fedqhd.studies.bench import client_shards, greedy_return
 
 GRID = [(1.0, 0.1), (1.0, 0.3), (1.0, 1.0), (1.0, 3.0), (1.0, 10.0),
         (0.5, 0.3), (0.5, 1.0), (2.0, 0.3), (2.0, 1.0), (3.0, 1.0)]

@@ -29,7 +29,7 @@ def _rows(run_dir: Path) -> list[dict]:
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="fedqhd-resume-"))
     shards = root / "shards"
-    subprocess.run([sys.executable, "-m", "fedqhd.cli", "data", "generate", "--num-partitions",
+    subprocess.run([sys.executable, "-m", "fedqhd.commands", "data", "generate", "--num-partitions",
                     "3", "--episodes", "3", "--seed", "0", "--out", str(shards), "--force"],
                    check=True, capture_output=True)
     app = Path(__file__).resolve().parents[1]

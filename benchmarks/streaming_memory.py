@@ -1,7 +1,7 @@
 """Peak memory of a client's FQI fit on a large CartPole shard (issue 10: 1e6 transitions
 at D = 2000 within 2 GiB).
 
-Prints :func:`fedqhd.perf.streaming_memory` as JSON: a random-policy CartPole shard of
+Prints :func:`fedqhd.studies.perf.streaming_memory` as JSON: a random-policy CartPole shard of
 ``--transitions``, the client's ``FQILearner`` (which streams: ``2 n D`` float64 features
 exceed its 1 GiB budget) and ``--sweeps`` FQI sweeps; peak resident memory of this
 process and peak traced allocations (also part of ``fedqhd bench --suite scale``).
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from fedqhd.perf import streaming_memory
+from fedqhd.studies.perf import streaming_memory
 
 
 def main() -> None:

@@ -4,6 +4,12 @@ Keys are Flower's kebab-case run-config keys (``[tool.flwr.app.config]`` in
 ``pyproject.toml`` holds the same defaults). ServerApp and ClientApp both build
 a :class:`RunConfig` from ``context.run_config``; under the deprecated
 ``run_simulation`` that dict is empty and the defaults below apply.
+
+The checks here are those of the keys themselves and of keys against each other; what
+one learner needs of a run (its tasks, its strategies) is that learner's
+``check_config``, which :func:`fedqhd.learners.parse_run_config` adds: the apps,
+studies and commands parse with it (this module sits below the learners and knows only
+their names, :data:`LEARNERS`).
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ from fedqhd.anchors import ANCHOR_SOURCES
 from fedqhd.data.partition import PARTITIONS
 from fedqhd.encoders import ENCODER_KINDS
 from fedqhd.envs import env_ids, get_spec, is_registered, load_env_modules
-from fedqhd.learners import get_learner, learner_names
 from fedqhd.online import default_capacity
 from fedqhd.presets import (
     OnlineSettings,
@@ -43,6 +48,9 @@ STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor", "exact", "none", "trunca
 BASELINE_STRATEGIES: tuple[str, ...] = ("none", "truncate", "pooled")
 #: numbers of a node learner's in-memory feature table (float32: half the bytes, rounded)
 FEATURE_DTYPES: tuple[str, ...] = ("float64", "float32")
+#: the local learners, run-config ``learner``; the registry (:mod:`fedqhd.learners`) holds
+#: one entry per name (a test keeps the two in step) and checks each learner's own keys
+LEARNERS: tuple[str, ...] = ("fqi", "pool", "dqn")
 #: where the data come from: fixed private shards, or episodes collected every round
 PROTOCOLS: tuple[str, ...] = ("offline", "online")
 #: online protocol: "auto" takes the task's preset file (:mod:`fedqhd.presets`), "manual"
@@ -118,7 +126,7 @@ class RunConfig:
     bandwidth: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e6, lo_open=True),
                                                         "RBF gamma (base gamma if heterogeneous)"))
     learner: str = field(default="fqi", metadata=_key(
-        _choice(learner_names()), "local learner: fqi, pool (private) or dqn (the paper's "
+        _choice(LEARNERS), "local learner: fqi, pool (private) or dqn (the paper's "
         "deep baselines: FedAvg-DQN, strategy anchor: distillation FedDQN; online protocol, "
         "extra dqn)"))
     gamma: float = field(default=0.99, metadata=_key(_float_range(0.0, 1.0, hi_open=True),
@@ -284,9 +292,6 @@ class RunConfig:
                    if self.protocol == "online" else
                    "a POOL client's release lives only in its node state, and releasing "
                    "again would spend its privacy budget again"))
-        problem = get_learner(self.learner_key).check_config(self)
-        if problem:
-            raise ConfigError(problem)
         if self.anchor_source == "file" and not self.anchor_file:
             raise ConfigError("run-config key 'anchor-file' must name a .npy or .npz file when "
                               "'anchor-source' = 'file'")
@@ -398,7 +403,8 @@ class RunConfig:
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
         """Parse Flower's run config: unknown keys and wrong types are errors. The
-        ``env-module`` is imported first (it may register the ``env-id``)."""
+        ``env-module`` is imported first (it may register the ``env-id``). The learner's
+        own checks are not made here: :func:`fedqhd.learners.parse_run_config` makes both."""
         by_key = {_kebab(f.name): f for f in run_config_fields()}
         unknown = sorted(set(run_config) - set(by_key))
         if unknown:

@@ -1,8 +1,9 @@
 """The online learner's numeric core (no Flower): a client that collects episodes with
-its current epsilon-greedy policy and learns by ridge fitted Q-iteration on a growing
-private buffer. The federation around it (rounds, aggregation, the paper's baselines)
-is the Flower app's: :mod:`fedqhd.learners.fqi_online`, run by ``flwr run`` and, in
-process, by the paper suite and the bench.
+its current epsilon-greedy policy (:mod:`fedqhd.acting`) and learns by ridge fitted
+Q-iteration on a growing private buffer (this module). The federation around it
+(rounds, aggregation, the paper's baselines) is the Flower app's:
+:mod:`fedqhd.learners.fqi_online`, run by ``flwr run`` and, in process, by the paper
+suite and the bench.
 
 Speed comes from three choices, all measured (see ``BENCHMARKS.md``):
 
@@ -33,19 +34,18 @@ import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
-from scipy.signal import lfilter
 
 from fedqhd.encoders import (
     HDEncoder,
 )
 from fedqhd.envs import get_spec
-from fedqhd.envs.batch import GymBatch, make_batch_env
+from fedqhd.envs.batch import make_batch_env
 from fedqhd.gram import (
     PrimalSystem,
     pack_upper,
@@ -59,9 +59,7 @@ from fedqhd.seeding import online_client_rng
 __all__ = [
     "OnlineClient",
     "Timer",
-    "collect_many",
     "default_capacity",
-    "epsilon_schedule",
 ]
 
 
@@ -83,19 +81,10 @@ class Timer:
             self.seconds[name] += time.perf_counter() - start
 
 
-_NO_TIMER = Timer()
+NO_TIMER = Timer()  #: a timer nobody reads
 
 
 # --------------------------------------------------------------------------- learning
-
-
-def epsilon_schedule(start: float = 1.0, decay: float = 0.97, floor: float = 0.01
-                     ) -> Callable[[np.ndarray], np.ndarray]:
-    """``episode -> max(floor, start * decay**episode)`` (episodes counted per client)."""
-
-    def schedule(episode: np.ndarray) -> np.ndarray:
-        return np.maximum(floor, start * decay ** np.asarray(episode, dtype=float))
-    return schedule
 
 
 #: seed of the probes of :meth:`OnlineClient.exploration_bonus`
@@ -218,7 +207,7 @@ class OnlineClient:
     per_episode : int
         At most this many transitions of each episode enter the buffer.
     n_parallel : int
-        Episodes run side by side by :meth:`collect`.
+        Episodes run side by side by :func:`fedqhd.acting.collect_many`.
     seed : int
     dynamics : dict or None
         Physical parameters of this client's env copy (:func:`fedqhd.envs.make_env`).
@@ -287,12 +276,12 @@ class OnlineClient:
             self.kernel = np.zeros((cap, cap))
         self.readout = np.zeros((dim, self.n_actions))
         self.episode_returns: list[float] = []
-        #: of the episodes of the last :meth:`collect` that appended: the value the
-        #: collecting readout gave each start state (``max_a Q(s_0, a)``) and the
-        #: discounted return the episode then realised from it (:meth:`value_bias`)
+        #: of the episodes of the last collection (:mod:`fedqhd.acting`) that appended:
+        #: the value the collecting readout gave each start state (``max_a Q(s_0, a)``)
+        #: and the discounted return the episode then realised from it (:meth:`value_bias`)
         self.start_values = np.zeros(0)
         self.start_returns = np.zeros(0)
-        self.timer = _NO_TIMER
+        self.timer = NO_TIMER
 
     # ----------------------------------------------------------------- buffer
 
@@ -626,193 +615,6 @@ class OnlineClient:
         resid = teacher - x @ w0
         self.readout = w0 + x.T @ cho_solve(self._anchor_factor, resid)
         return float(np.linalg.norm(x @ self.readout - teacher))
-
-    def collect(self, n_episodes: int, epsilon: float | np.ndarray,
-                append: bool = True) -> np.ndarray:
-        """Run ``n_episodes`` episodes of the epsilon-greedy policy (``n_parallel`` side by
-        side); returns their returns and (``append``) offers their transitions to the buffer."""
-        return collect_many([self], [n_episodes], [epsilon], append=append)[0]
-
-
-def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
-                 epsilons: Sequence[float | np.ndarray], append: bool = True,
-                 timer: Timer = _NO_TIMER) -> list[np.ndarray]:
-    """Run every client's episodes in one vectorised loop (clients sharing an encoder
-    object are encoded together). ``epsilons[c]`` is one value or one per episode.
-
-    Each client keeps ``n_parallel`` episodes running; a finished slot starts the
-    client's next pending episode. Episodes end at termination or at the time limit
-    (truncation: its transitions keep bootstrapping). Returns each client's episode
-    returns in episode order and, with ``append``, records them in
-    ``client.episode_returns`` and offers the transitions to the buffers.
-    """
-    n_cl = len(clients)
-    eps = [np.broadcast_to(np.asarray(e, dtype=float), (int(n),)).copy()
-           for e, n in zip(epsilons, n_episodes, strict=True)]
-    returns = [np.zeros(int(n)) for n in n_episodes]
-    st: list[dict[str, Any]] = []
-    for c, cl in enumerate(clients):
-        b = min(cl.n_parallel, int(n_episodes[c]))
-        idx = np.arange(b)
-        st.append({
-            "b": b, "episode": idx.copy(), "next": b, "t": np.zeros(b, dtype=np.int64),
-            "active": np.ones(b, dtype=bool),
-            "obs": cl.env.reset(idx) if b else np.zeros((0, 1), np.float32),
-            "rec": [],
-        })
-    groups: dict[int, list[int]] = defaultdict(list)
-    for c, cl in enumerate(clients):
-        groups[id(cl.encoder)].append(c)
-    while any(s["active"].any() for s in st):
-        with timer("act"):
-            actions: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * n_cl
-            for members in groups.values():
-                live = [c for c in members if st[c]["active"].any()]
-                if not live:
-                    continue
-                feats = clients[live[0]].encoder.encode32(
-                                  np.concatenate([st[c]["obs"] for c in live]))
-                off = 0
-                for c in live:
-                    s, cl = st[c], clients[c]
-                    b = s["b"]
-                    q = feats[off:off + b] @ cl.readout.astype(np.float32)
-                    bonus = cl.exploration_bonus(feats[off:off + b]) if append else None
-                    if bonus is not None:
-                        q += bonus
-                    off += b
-                    act = q.argmax(axis=1)
-                    explore = cl.rng.random(b) < eps[c][np.minimum(s["episode"],
-                                                                   len(eps[c]) - 1)]
-                    act[explore] = cl.rng.integers(cl.n_actions, size=int(explore.sum()))
-                    actions[c] = act
-        for c, cl in enumerate(clients):
-            s = st[c]
-            if not s["active"].any():
-                continue
-            with timer("env"):
-                b = s["b"]
-                padded = np.zeros(cl.n_parallel, dtype=np.int64)
-                padded[:b] = actions[c]
-                if isinstance(cl.env, GymBatch):
-                    mask = np.zeros(cl.n_parallel, dtype=bool)
-                    mask[:b] = s["active"]
-                    nobs, rew, term = cl.env.step(padded, mask)
-                else:
-                    nobs, rew, term = cl.env.step(padded)
-                nobs, rew, term = nobs[:b], rew[:b], term[:b]
-            with timer("bookkeeping"):
-                s["t"] += 1
-                act_mask = s["active"]
-                ep = s["episode"]
-                np.add.at(returns[c], ep[act_mask], rew[act_mask])
-                if append:
-                    s["rec"].append((ep[act_mask], s["obs"][act_mask], actions[c][act_mask],
-                                     rew[act_mask], nobs[act_mask], term[act_mask]))
-                done = act_mask & (term | (s["t"] >= cl.max_steps))
-                s["obs"] = nobs
-                if done.any():
-                    ended = np.flatnonzero(done)
-                    n_new = min(len(ended), int(n_episodes[c]) - s["next"])
-                    restart = ended[:n_new]
-                    s["active"][ended[n_new:]] = False
-                    if n_new < len(ended) and not isinstance(cl.env, GymBatch):
-                        cl.env.reset(ended[n_new:])  # idle slots: keep their state bounded
-                    if n_new:
-                        s["episode"][restart] = s["next"] + np.arange(n_new)
-                        s["next"] += n_new
-                        s["t"][restart] = 0
-                        s["obs"] = nobs.copy()
-                        s["obs"][restart] = cl.env.reset(restart)
-    if append:
-        for c, cl in enumerate(clients):
-            cl.episode_returns.extend(returns[c].tolist())
-            if not st[c]["rec"]:
-                continue
-            with timer("bookkeeping"):
-                ep, s0, a, r, s1, te = (np.concatenate(z) for z in zip(*st[c]["rec"],
-                                                                        strict=True))
-                keep = _per_episode_subsample(ep, cl.per_episode, cl.rng, te, cl.tail)
-                cl.n_transitions += len(ep)
-                r_range = (float(r.min()), float(r.max()))
-                cont = 1.0 - te.astype(np.float64)
-                to_go = returns_to_go(ep, r, cl.gamma)
-                first = len(cl.episode_returns) - int(n_episodes[c])  # its first episode
-                # each episode's first transition is its start (records are in time order)
-                _, start = np.unique(ep, return_index=True)
-                cl.start_values = cl.q_values(s0[start]).max(axis=1)
-                cl.start_returns = to_go[start]
-                if cl.n_step > 1:
-                    r, s1, cont = _n_step(ep, r, s1, te, cl.n_step, cl.gamma)
-            prev, cl.timer = cl.timer, timer
-            try:
-                cl.append(s0[keep], a[keep], r[keep], s1[keep], te[keep], cont[keep], r_range,
-                          returns_to_go=to_go[keep], episodes=first + ep[keep])
-            finally:
-                cl.timer = prev
-    return returns
-
-
-def returns_to_go(episode: np.ndarray, rewards: np.ndarray, gamma: float) -> np.ndarray:
-    """``sum_{j >= 0} gamma^j r_{t+j}`` to the end of its episode, for every transition of
-    time-ordered ``episode`` labels (each episode's transitions in time order)."""
-    order = np.argsort(episode, kind="stable")
-    ep, r = episode[order], np.asarray(rewards, dtype=np.float64)[order]
-    cuts = np.r_[0, np.flatnonzero(np.diff(ep)) + 1, len(ep)]
-    out = np.empty(len(ep))
-    for i, j in zip(cuts[:-1], cuts[1:], strict=True):
-        out[i:j] = lfilter([1.0], [1.0, -gamma], r[i:j][::-1])[::-1]
-    result = np.empty_like(out)
-    result[order] = out
-    return result
-
-
-def _n_step(episode: np.ndarray, rewards: np.ndarray, next_states: np.ndarray,
-            terminated: np.ndarray, n: int, gamma: float
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """n-step versions of time-ordered transitions (``episode`` labels, each episode's
-    transitions in time order): ``sum_{j<m} gamma^j r_{t+j}``, the state after ``t+m-1``
-    and ``gamma^(m-1)`` (0 if that transition terminated), ``m = min(n, steps left)``."""
-    order = np.argsort(episode, kind="stable")
-    ep, r = episode[order], rewards[order]
-    total = len(ep)
-    ret = np.zeros(total)
-    last = np.arange(total)
-    for j in range(n):
-        idx = np.arange(total) + j
-        ok = idx < total
-        ok[ok] &= ep[idx[ok]] == ep[ok]
-        ret[ok] += gamma**j * r[idx[ok]]
-        last[ok] = idx[ok]
-    m = last - np.arange(total) + 1
-    cont = gamma ** (m - 1.0) * (1.0 - terminated[order][last])
-    out_r, out_s1, out_c = np.empty(total), np.empty_like(next_states), np.empty(total)
-    out_r[order], out_s1[order], out_c[order] = ret, next_states[order][last], cont
-    return out_r, out_s1, out_c
-
-
-def _per_episode_subsample(episode: np.ndarray, quota: int, rng: np.random.Generator,
-                           terminated: np.ndarray | None = None, tail: int = 0
-                           ) -> np.ndarray:
-    """Indices keeping at most ``quota`` transitions of each episode (``episode``: labels,
-    each episode's transitions in time order): the last ``tail`` transitions of every
-    episode that terminated (``terminated`` marks its last transition), the rest drawn
-    uniformly. Failures are rare once the policy is good; a uniform draw of 20 of a
-    300-step episode keeps its terminal transition with probability 0.07."""
-    key = rng.random(len(episode))
-    if tail > 0 and terminated is not None and terminated.any():
-        order = np.argsort(episode, kind="stable")
-        ep_sorted = episode[order]
-        ends = np.r_[np.flatnonzero(np.diff(ep_sorted)), len(order) - 1]
-        length = np.diff(np.r_[-1, ends])
-        to_end = np.repeat(ends, length) - np.arange(len(order))
-        failed = np.repeat(terminated[order][ends], length)
-        key[order[failed & (to_end < tail)]] -= 1.0  # drawn first
-    order = np.lexsort((key, episode))
-    ep_sorted = episode[order]
-    starts = np.r_[0, np.flatnonzero(np.diff(ep_sorted)) + 1]
-    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
-    return np.sort(order[rank < quota])
 
 
 # --------------------------------------------------------------------------- federation

@@ -15,6 +15,10 @@ Fitted Q-iteration with a ridge fit is not a contraction (the ridge projection
 can expand the sup norm), so its Q-values can grow without bound. By default
 the Bellman targets are therefore kept inside the range the rewards allow
 (:func:`value_range`, :func:`bellman_targets`).
+
+Over 600 lines on purpose: the in-memory (:class:`RidgeFQI`) and streamed
+(:class:`StreamingRidgeFQI`) fits share the systems, targets and Gram helpers above them,
+and read best side by side.
 """
 
 from __future__ import annotations

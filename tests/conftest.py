@@ -1,9 +1,10 @@
 """Shared fixtures: a private local SuperLink for the end-to-end ``flwr run`` tests, and a
 private ledger folder for every test.
 
-Each test gets its own ``flower-superlink --simulation`` (:func:`fedqhd.scale.local_superlink`:
-free ports, a private FLWR_HOME, so ``flwr run`` reuses it); it is stopped, with
-everything it spawned, by process group, also when the test fails.
+Each test gets its own ``flower-superlink --simulation``
+(:func:`fedqhd.studies.scale.local_superlink`: free ports, a private FLWR_HOME, so
+``flwr run`` reuses it); it is stopped, with everything it spawned, by process group,
+also when the test fails.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 @pytest.fixture
 def local_superlink(tmp_path: Path) -> Iterator[dict[str, str]]:
     """Start a SuperLink; yields the environment ``flwr`` must run with to use it."""
-    from fedqhd.scale import local_superlink as start
+    from fedqhd.studies.scale import local_superlink as start
 
     with start(tmp_path) as (env, _):
         yield env

@@ -4,10 +4,10 @@ import json
 
 import numpy as np
 
-from fedqhd.bench import client_shards, greedy_return, run_bench
 from fedqhd.config import RunConfig
 from fedqhd.data import pooled
 from fedqhd.learners.fqi import FQILearner, shared_encoder
+from fedqhd.studies.bench import client_shards, greedy_return, run_bench
 
 
 def test_bench_reports_every_baseline_and_fidelity_to_pooled(tmp_path):
@@ -30,7 +30,7 @@ def test_bench_reports_every_baseline_and_fidelity_to_pooled(tmp_path):
 
 
 def test_paper_suite_writes_json_table_and_curves_with_the_papers_numbers(tmp_path):
-    from fedqhd.cli import main
+    from fedqhd.commands.main import main
 
     rc = main(["bench", "--suite", "paper", "--envs", "CartPole-v1", "--methods",
                "fedqhd,independent", "--seeds", "0", "--clients", "2", "--episodes", "40",
@@ -50,8 +50,8 @@ def test_paper_suite_writes_json_table_and_curves_with_the_papers_numbers(tmp_pa
 def test_paper_suite_refuses_unknown_names_and_fedavg_dqn_heterogeneous():
     import pytest
 
-    from fedqhd import paper
-    from fedqhd.cli import main
+    from fedqhd.commands.main import main
+    from fedqhd.studies import paper
 
     with pytest.raises(SystemExit, match="unknown"):
         main(["bench", "--suite", "paper", "--methods", "fedqhd,magic"])

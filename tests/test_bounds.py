@@ -235,7 +235,7 @@ def test_rows_are_capped_before_loading_and_honest_compressed_shards_load(tmp_pa
 
 
 def test_inspect_refuses_or_lists_far_out_values(tmp_path, capsys):
-    from fedqhd.cli import main
+    from fedqhd.commands.main import main
     shard = _shard()
     rewards = shard.rewards.copy()
     rewards[1] = 3e38

@@ -49,3 +49,20 @@ def test_ints_are_accepted_for_floats_and_strategy_auto_resolves():
     assert cfg.ridge == 1.0 and isinstance(cfg.ridge, float)
     assert cfg.resolved_strategy == "anchor"
     assert RunConfig().resolved_strategy == "avg"
+
+
+def test_the_learner_names_of_the_config_are_the_registry_s():
+    from fedqhd.config import LEARNERS
+    from fedqhd.learners import learner_names
+
+    assert LEARNERS == learner_names()
+
+
+def test_a_learner_s_own_checks_come_with_parse_run_config():
+    from fedqhd.learners import parse_run_config
+
+    cfg = RunConfig.from_run_config({"learner": "pool"})  # the config's own keys: fine
+    assert cfg.learner == "pool"
+    with pytest.raises(ConfigError, match="'learner' = 'pool' needs 'env-id'"):
+        parse_run_config({"learner": "pool"})
+    assert parse_run_config({"ridge": 1}) == RunConfig(ridge=1.0)

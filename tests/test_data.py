@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedqhd.cli import main as fedqhd_main
+from fedqhd.commands.main import main as fedqhd_main
 from fedqhd.data import (
     ARRAY_SCHEMA,
     PARTITIONS,

@@ -187,7 +187,7 @@ def test_audit_hook_records_a_shard_read(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("shards")
-    subprocess.run([sys.executable, "-m", "fedqhd.cli", "data", "generate", "--num-partitions",
+    subprocess.run([sys.executable, "-m", "fedqhd.commands", "data", "generate", "--num-partitions",
                     "3", "--episodes", "3", "--seed", "0", "--out", str(out), "--force"],
                    check=True, capture_output=True)
     return out
@@ -376,7 +376,7 @@ def test_ctrl_c_stops_the_launcher_and_its_processes(tmp_path: Path) -> None:
     started is gone (checked by the process groups it recorded)."""
     logs = tmp_path / "w" / "logs"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fedqhd.cli", "deploy", "local", "-n", "2", "--workdir",
+        [sys.executable, "-m", "fedqhd.commands", "deploy", "local", "-n", "2", "--workdir",
          str(tmp_path / "w"), "--episodes", "2", "--serve"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -499,7 +499,7 @@ def test_wait_run_reports_every_round_once(tmp_path: Path) -> None:
         dep.stop()
     assert results == run_dir / "results.json"
     assert [r["round"] for r in seen] == [1, 2, 3]
-    from fedqhd.deploy.cli import format_round
+    from fedqhd.commands.deploy import format_round
 
     assert format_round(seen[1], 20) == \
         "round 2/20 | return 20.0 +- 1.0 | replies ok 2 failed 0 | 2.0s"
@@ -557,7 +557,7 @@ def test_compose_mounts_exactly_the_files_certs_writes(tmp_path: Path) -> None:
 def test_certs_takes_comma_separated_names(tmp_path: Path) -> None:
     from cryptography import x509
 
-    from fedqhd.cli import main
+    from fedqhd.commands.main import main
 
     assert main(["deploy", "certs", "--out", str(tmp_path / "c"), "-n", "1",
                  "--san", "fl.example.org,203.0.113.7", "--san", "other.example"]) == 0
@@ -643,7 +643,7 @@ def test_deploy_local_prints_rounds_and_reports_a_death(tmp_path: Path,
     """The command's wiring: a line per round between "up in" and the result; a process
     that dies makes it exit 1, naming it, after the deployment was stopped."""
     import fedqhd.deploy.launcher as launcher
-    from fedqhd.cli import main
+    from fedqhd.commands.main import main
 
     monkeypatch.setattr(launcher, "LocalDeployment", _FakeDeployment)
     argv = ["deploy", "local", "--rounds", "2", "--shards", str(tmp_path),

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,11 +112,16 @@ def tool_shims(bin_dir: Path, project: Path) -> Path:
     """``fedqhd`` and ``python`` that import the copy's ``fedqhd`` first, also when a
     documented command sets its own PYTHONPATH (as an installed project would)."""
     bin_dir.mkdir(parents=True)
-    venv_bin = Path(sys.executable).parent
-    for name, target in (("fedqhd", venv_bin / "fedqhd"), ("python", Path(sys.executable))):
+    # the copy's own entry point ([project.scripts]), not the venv's installed script:
+    # that one names the entry point of whatever checkout was installed
+    entry = tomllib.loads((project / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = entry["fedqhd"].partition(":")
+    fedqhd = (f'"{sys.executable}" -c "import sys; from {module} import {function}; '
+              f'sys.argv[0] = \'fedqhd\'; sys.exit({function}())"')
+    for name, target in (("fedqhd", fedqhd), ("python", f'"{sys.executable}"')):
         shim = bin_dir / name
         shim.write_text(f'#!/bin/sh\nPYTHONPATH="{project}${{PYTHONPATH:+:$PYTHONPATH}}" '
-                        f'exec "{target}" "$@"\n')
+                        f'exec {target} "$@"\n')
         shim.chmod(0o755)
     return bin_dir
 

@@ -11,6 +11,7 @@ import pytest
 
 from fedqhd.baselines.dqn import DQN_SETTINGS, initial_network, network_shapes
 from fedqhd.config import ConfigError, RunConfig
+from fedqhd.learners import parse_run_config
 from fedqhd.learners.dqn import pack, unpack
 from fedqhd.seeding import dqn_client_rngs
 
@@ -20,7 +21,7 @@ def test_missing_jax_refuses_the_run_config_with_the_install_command(monkeypatch
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "jax" else real(name, *a))
     with pytest.raises(ConfigError, match=r"'learner' = 'dqn' needs jax.*fedqhd\[dqn\]"):
-        RunConfig.from_run_config({"protocol": "online", "learner": "dqn"})
+        parse_run_config({"protocol": "online", "learner": "dqn"})
 
 
 def test_dqn_config_takes_the_papers_settings_and_needs_the_online_protocol():
@@ -31,14 +32,14 @@ def test_dqn_config_takes_the_papers_settings_and_needs_the_online_protocol():
     assert cfg.online.epsilon == (1.0, 0.995, 0.001)
     assert cfg.num_server_rounds == 24  # 600 episodes per client, as the paper
     with pytest.raises(ConfigError, match="'learner' = 'dqn'.*'protocol' = 'online'"):
-        RunConfig.from_run_config({"learner": "dqn"})
+        parse_run_config({"learner": "dqn"})
     assert cfg.num_anchors == 200  # the paper's, for distillation
     for strategy, encoder in (("anchor", "shared"), ("auto", "heterogeneous")):
         distill = RunConfig.from_run_config({"protocol": "online", "learner": "dqn",
                                              "strategy": strategy, "encoder": encoder})
         assert distill.resolved_strategy == "anchor" and distill.num_anchors == 200
     with pytest.raises(ConfigError, match="'strategy' = 'none'"):
-        RunConfig.from_run_config({"protocol": "online", "learner": "dqn", "strategy": "none"})
+        parse_run_config({"protocol": "online", "learner": "dqn", "strategy": "none"})
 
 
 def test_dqn_settings_are_the_in_process_baselines_defaults():

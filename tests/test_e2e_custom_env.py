@@ -70,7 +70,7 @@ def test_custom_env_under_flwr_run(tmp_path: Path, monkeypatch,
 def test_custom_env_under_the_deployment_launcher(tmp_path: Path, monkeypatch) -> None:
     """The same env under ``fedqhd deploy local``: SuperLink, SuperExecs and SuperNodes as
     separate processes (TLS, node auth), shards generated with the env module imported."""
-    cmd = [sys.executable, "-m", "fedqhd.cli", "deploy", "local", "-n", "3", "--app",
+    cmd = [sys.executable, "-m", "fedqhd.commands", "deploy", "local", "-n", "3", "--app",
            str(EXAMPLE), "--env", "MyEnv-v0", "--env-module", "my_env", "--rounds", "3",
            "--workdir", str(tmp_path / "deploy"), "--timeout", "400", "--run-config",
            "partition='iid' epsilon-min=1.0 epsilon-max=1.0 hd-dim=500"]

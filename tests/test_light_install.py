@@ -118,7 +118,7 @@ CHECK = textwrap.dedent('''
     assert np.abs(out[C.READOUT].numpy() - pooled).max() < 1e-8, "pooled oracle != ridge"
     assert metrics[C.CLIENTS_AVERAGED] == 3 and metrics[C.POOLED_SWEEPS] == 1
 
-    from fedqhd import cli
+    from fedqhd.commands import main as cli
     assert cli.main(["--help"]) == 2  # a clear message, not a traceback
     loaded = sorted(m for m in sys.modules if m.split(".")[0] in HEAVY)
     assert not loaded, loaded

@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from fedqhd.cli import main as fedqhd_main
+from fedqhd.commands.main import main as fedqhd_main
 from fedqhd.config import RunConfig
 from fedqhd.data import load_shard, save_shard
 

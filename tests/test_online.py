@@ -5,15 +5,14 @@ import json
 import numpy as np
 import pytest
 
+from fedqhd.acting import collect, collect_many, returns_to_go
 from fedqhd.encoders import HDEncoder
 from fedqhd.envs import get_spec, make_env
 from fedqhd.envs.batch import AcrobotBatch, CartPoleBatch, MountainCarBatch
 from fedqhd.online import (
     OnlineClient,
     _posterior_probes,
-    collect_many,
     pack_statistics,
-    returns_to_go,
     unpack_statistics,
 )
 from fedqhd.readout import value_range
@@ -242,7 +241,7 @@ def test_independent_learners_never_compile_a_teacher(tmp_path, monkeypatch):
 
 
 def test_n_step_transitions():
-    from fedqhd.online import _n_step
+    from fedqhd.acting import _n_step
     gamma = 0.5
     # episodes interleaved as collect_many records them; episode 1 terminates
     ep = np.array([0, 1, 0, 1, 0, 1, 0])
@@ -263,7 +262,7 @@ def test_n_step_transitions():
 
 
 def test_per_episode_quota_keeps_the_tail_of_failed_episodes():
-    from fedqhd.online import _per_episode_subsample
+    from fedqhd.acting import _per_episode_subsample
     # two interleaved episodes: 0 is truncated (rows 0, 2, ..., 18), 1 terminates (odd rows)
     ep = np.tile([0, 1], 10)
     te = np.zeros(20, dtype=bool)
@@ -424,7 +423,7 @@ def test_value_bias_is_the_start_values_minus_their_discounted_returns():
                       n_parallel=4, seed=0)
     assert np.isnan(cl.value_bias())
     cl.readout = np.random.default_rng(0).normal(size=(40, 2))
-    returns = cl.collect(6, 1.0)
+    returns = collect(cl, 6, 1.0)
     np.testing.assert_allclose(cl.start_returns, (1 - 0.9 ** returns) / (1 - 0.9), rtol=1e-12)
     # every transition kept, in time order: each episode's first row is its start state
     first = [np.flatnonzero(cl.row_episode[:cl.size] == e)[0] for e in range(6)]
@@ -433,9 +432,9 @@ def test_value_bias_is_the_start_values_minus_their_discounted_returns():
     assert not np.allclose(cl.start_values, q.mean(axis=1))
     assert cl.value_bias() == pytest.approx(float(np.mean(cl.start_values - cl.start_returns)))
     values = cl.start_values.copy()
-    cl.collect(3, 0.0, append=False)  # a greedy evaluation is not a collection
+    collect(cl, 3, 0.0, append=False)  # a greedy evaluation is not a collection
     np.testing.assert_array_equal(cl.start_values, values)
-    cl.collect(2, 1.0)  # the next collection replaces them
+    collect(cl, 2, 1.0)  # the next collection replaces them
     assert len(cl.start_values) == 2 and len(cl.start_returns) == 2
 
 

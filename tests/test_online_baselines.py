@@ -12,6 +12,7 @@ import pytest
 
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
+from fedqhd.learners import fqi_online
 from fedqhd.learners.base import partition
 from fedqhd.learners.fqi_online import (
     STATE_ARRAYS,
@@ -55,15 +56,15 @@ def _spy_clients(monkeypatch) -> tuple[dict, dict, dict]:
     ``init`` and the readout and transitions its fit ended with."""
     acted, starts, fitted = defaultdict(list), defaultdict(list), defaultdict(list)
     node = {}
-    real_train, real_collect, real_fit = FQIOnline.train, OnlineClient.collect, OnlineClient.fit
+    real_train, real_collect, real_fit = FQIOnline.train, fqi_online.collect, OnlineClient.fit
 
     def train(self, context, cfg, arrays):
         node["pid"] = partition(context)[0]
         return real_train(self, context, cfg, arrays)
 
-    def collect(self, *args, **kwargs):
-        acted[node["pid"]].append(self.readout.copy())
-        return real_collect(self, *args, **kwargs)
+    def collect(client, *args, **kwargs):
+        acted[node["pid"]].append(client.readout.copy())
+        return real_collect(client, *args, **kwargs)
 
     def fit(self, sweeps, init=None, prior=None):
         starts[node["pid"]].append(None if init is None else np.array(init))
@@ -72,7 +73,7 @@ def _spy_clients(monkeypatch) -> tuple[dict, dict, dict]:
         return out
 
     monkeypatch.setattr(FQIOnline, "train", train)
-    monkeypatch.setattr(OnlineClient, "collect", collect)
+    monkeypatch.setattr(fqi_online, "collect", collect)
     monkeypatch.setattr(OnlineClient, "fit", fit)
     return acted, starts, fitted
 
@@ -240,8 +241,8 @@ def test_the_pooled_oracle_is_ridge_fqi_on_the_union_of_the_buffers(tmp_path, mo
 
 
 def test_paper_suite_runs_truncate_avg_and_the_oracle(tmp_path):
-    from fedqhd import paper
-    from fedqhd.cli import main
+    from fedqhd.commands.main import main
+    from fedqhd.studies import paper
 
     rc = main(["bench", "--suite", "paper", "--envs", "CartPole-v1", "--methods",
                "truncate-avg,oracle", "--seeds", "0", "--clients", "2", "--episodes", "40",

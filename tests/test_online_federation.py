@@ -278,15 +278,17 @@ def test_a_tasks_act_local_key_makes_the_apps_clients_collect_with_their_own_fit
     fitted: dict[int, list[tuple[np.ndarray, int]]] = defaultdict(list)
     node: dict[str, int] = {}
     real_train = FQIOnline.train
-    real_collect, real_fit = online.OnlineClient.collect, online.OnlineClient.fit
+    from fedqhd.learners import fqi_online
+
+    real_collect, real_fit = fqi_online.collect, online.OnlineClient.fit
 
     def train(self, context, cfg, arrays):
         node["pid"] = partition(context)[0]
         return real_train(self, context, cfg, arrays)
 
-    def collect(self, *args, **kwargs):
-        acted[node["pid"]].append(self.readout.copy())
-        return real_collect(self, *args, **kwargs)
+    def collect(client, *args, **kwargs):
+        acted[node["pid"]].append(client.readout.copy())
+        return real_collect(client, *args, **kwargs)
 
     def fit(self, *args, **kwargs):
         out = real_fit(self, *args, **kwargs)
@@ -294,7 +296,7 @@ def test_a_tasks_act_local_key_makes_the_apps_clients_collect_with_their_own_fit
         return out
 
     monkeypatch.setattr(FQIOnline, "train", train)
-    monkeypatch.setattr(online.OnlineClient, "collect", collect)
+    monkeypatch.setattr(fqi_online, "collect", collect)
     monkeypatch.setattr(online.OnlineClient, "fit", fit)
     for act_local in (True, False):
         acted.clear()

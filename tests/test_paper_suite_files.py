@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from fedqhd import paper
-from fedqhd.cli import main
+from fedqhd.commands.main import main
+from fedqhd.studies import paper
 
 
 class FakeCell:
-    """Stands in for :func:`fedqhd.paper.run_cell`: a result that is a function of the
+    """Stands in for :func:`fedqhd.studies.paper.run_cell`: a result that is a function of the
     cell, and a record of the cells it was asked for; raises on call ``fail_at``."""
 
     def __init__(self, fail_at: int | None = None, offset: float = 0.0) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from threadpoolctl import threadpool_limits
 
-from fedqhd import paper
-from fedqhd.cli import main
+from fedqhd.commands.main import main
+from fedqhd.studies import paper
 from fedqhd.threads import blas_threads
 
 

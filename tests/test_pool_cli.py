@@ -2,7 +2,7 @@
 
 import json
 
-from fedqhd.cli import main
+from fedqhd.commands.main import main
 
 
 def test_pool_rho_cli_writes_outputs(tmp_path):

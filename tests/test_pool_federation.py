@@ -18,9 +18,10 @@ from presets_util import write_preset
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
 from fedqhd.envs.inventory import generate_dataset
+from fedqhd.learners import parse_run_config
 from fedqhd.learners import pool as pool_learner
+from fedqhd.learners import pool_federated as pl
 from fedqhd.pool import count_visits
-from fedqhd.pool import federated as pl
 from fedqhd.privacy import BudgetExceededError
 from fedqhd.seeding import pool_data_seed
 from fedqhd.server.app import run_federation
@@ -166,9 +167,9 @@ def test_federated_pool_run_reports_a_finite_gap(tmp_path):
 
 def test_run_config_ties_learners_to_their_tasks():
     with pytest.raises(ConfigError, match="'learner' = 'pool' needs 'env-id'"):
-        RunConfig.from_run_config({"learner": "pool"})
+        parse_run_config({"learner": "pool"})
     with pytest.raises(ConfigError, match="'learner' = 'fqi' needs 'env-id'"):
-        RunConfig.from_run_config({"env-id": "fedqhd/Inventory-v0"})
+        parse_run_config({"env-id": "fedqhd/Inventory-v0"})
     with pytest.raises(ConfigError, match="expected bool"):
         RunConfig.from_run_config({"non-private": 1})
 

@@ -120,7 +120,7 @@ def test_shared_kernel_needs_post_decision_zones_and_a_transition():
 def test_cli_defaults_to_the_shared_kernel_and_keeps_the_paper_one_flag_away():
     import argparse
 
-    from fedqhd.pool import cli
+    from fedqhd.commands import pool as cli
 
     p = argparse.ArgumentParser()
     cli.register(p.add_subparsers(dest="cmd"))
@@ -214,7 +214,7 @@ def test_learner_models_the_clipping_by_default():
 def test_cli_em_noise_flag_reproduces_round_two():
     import argparse
 
-    from fedqhd.pool import cli
+    from fedqhd.commands import pool as cli
 
     p = argparse.ArgumentParser()
     cli.register(p.add_subparsers(dest="cmd"))

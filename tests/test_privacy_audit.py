@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from presets_util import write_preset
 
-from fedqhd.cli import main
+from fedqhd.commands.main import main
 from fedqhd.config import RunConfig
-from fedqhd.pool.audit import neighbouring_counts
 from fedqhd.pool.counts import count_sensitivity
 from fedqhd.privacy import NumpyNoise
 from fedqhd.privacy.audit import ScaledNoise, audit_release, clopper_pearson_upper
+from fedqhd.studies.pool_audit import neighbouring_counts
 
 H = 7
 CFG = RunConfig.from_run_config({

@@ -12,7 +12,7 @@ from presets_util import write_preset
 
 from fedqhd.client.app import app as client_app
 from fedqhd.config import RunConfig
-from fedqhd.pool import federated as pl
+from fedqhd.learners import pool_federated as pl
 from fedqhd.privacy import BudgetExceededError
 from fedqhd.privacy.store import LedgerFileError, LedgerStore, data_fingerprint
 from fedqhd.server.app import run_federation

@@ -239,3 +239,27 @@ def test_bad_envs_and_arguments_are_refused(temp_envs) -> None:
     # dynamics in range are used
     short = reference_returns("CartPole-v1", n_episodes=5, dynamics={"length": 0.25})
     assert short.constant_means != reference_returns("CartPole-v1", n_episodes=5).constant_means
+
+
+def test_a_run_records_and_prints_its_references(tmp_path, caplog):
+    """Every run's ``final`` entry holds the task's references (on the server's evaluation
+    episode seeds) and the last log line names them."""
+    import json
+    import logging
+
+    from fedqhd.client.app import app as client_app
+    from fedqhd.config import RunConfig
+    from fedqhd.envs.reference import reference_returns
+    from fedqhd.seeding import SERVER, evaluation_seed
+    from fedqhd.server.app import run_federation
+    from fedqhd.server.inprocess import InProcessGrid
+
+    cfg = RunConfig(hd_dim=64, num_server_rounds=2, eval_episodes=2, episodes_per_client=2,
+                    seed=3, output_dir=str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        final, out = run_federation(
+            InProcessGrid([client_app] * 2, run_config=cfg.to_run_config()), cfg)
+    want = reference_returns("CartPole-v1", 20, seed=evaluation_seed(3, SERVER)).to_dict()
+    assert final["reference"] == want
+    assert json.loads((out / "results.json").read_text())["final"]["reference"] == want
+    assert f"uniform random {want['random-mean']:.1f}" in caplog.text

@@ -11,9 +11,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from fedqhd.commands.data import register as register_data_cli
 from fedqhd.config import ConfigError, RunConfig
 from fedqhd.data import ShardError, collect_shard, load_shard, save_shard, shards_from_arrays
-from fedqhd.data.cli import register as register_data_cli
 from fedqhd.encoders import HDEncoder
 from fedqhd.envs import (
     BUILTIN_ENV_IDS,
@@ -25,6 +25,7 @@ from fedqhd.envs import (
     rollout_returns,
     unregister_env,
 )
+from fedqhd.learners import parse_run_config
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_env"
 
@@ -206,7 +207,7 @@ def test_env_module_is_imported_before_validation(example_env) -> None:
                                           "'no_such_mod' could not be imported"):
         RunConfig.from_run_config({"env-module": "no_such_mod"})
     with pytest.raises(ConfigError, match="'epsilon-min' = 0.8 .*no heuristic controller"):
-        RunConfig.from_run_config({"env-module": "my_env", "env-id": "MyEnv-v0"})
+        parse_run_config({"env-module": "my_env", "env-id": "MyEnv-v0"})
     cfg = RunConfig.from_run_config({"env-module": "my_env", "env-id": "MyEnv-v0",
                                      "epsilon-min": 1.0, "epsilon-max": 1.0})
     assert cfg.env_id == "MyEnv-v0" and "MyEnv-v0" in ENV_IDS
@@ -384,3 +385,8 @@ def test_the_final_log_line_keeps_a_zero_and_says_nan_only_when_missing():
     assert greedy_final_line({"return-mean": 0.0, "return-std": 0.0, "round": 2}) == (
         "final greedy return 0.0 +- 0.0 after 2 rounds")  # one evaluation episode: std 0
     assert greedy_final_line({"round": 1}) == "final greedy return nan +- nan after 1 rounds"
+    ref = {"random-mean": 21.04, "best-constant-action": 1, "best-constant-mean": 9.35}
+    assert greedy_final_line({"return-mean": 500.0, "return-std": 0.0, "round": 30,
+                              "reference": ref}) == (
+        "final greedy return 500.0 +- 0.0 after 30 rounds (references: uniform random 21.0, "
+        "best constant action 1 9.3)")

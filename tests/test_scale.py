@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from fedqhd import threads
-from fedqhd.cli import main as cli_main
 from fedqhd.client.app import app as client_app
+from fedqhd.commands.main import main as cli_main
 from fedqhd.config import RunConfig
 from fedqhd.learners import fqi
 from fedqhd.learners.cache import BoundedCache, array_bytes
@@ -309,7 +309,7 @@ def test_a_measured_tree_above_its_memory_limit_is_killed_process_by_process():
     import subprocess
     import time
 
-    from fedqhd.scale import PeakMemory
+    from fedqhd.studies.scale import PeakMemory
 
     hog = "import numpy as np, time; x = np.ones(40_000_000); time.sleep(60)"
     root = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', sys.argv[1]], "
@@ -368,7 +368,7 @@ def test_cpu_seconds_and_timeline_are_kept_per_process_name():
     suffix dropped) and when each process appeared."""
     import subprocess
 
-    from fedqhd.scale import PeakMemory
+    from fedqhd.studies.scale import PeakMemory
 
     with PeakMemory(interval=0.05) as mem:
         proc = subprocess.Popen(_renamed(BUSY.format(s=0.6), "ray::Busy.run"))
@@ -382,7 +382,7 @@ def test_log_lines_are_timed_and_milestones_found():
     import subprocess
     import time
 
-    from fedqhd.scale import _milestones, _timed_lines
+    from fedqhd.studies.scale import _milestones, _timed_lines
 
     code = "import time; print('[ROUND 1/3]', flush=True); time.sleep(0.5); print('[ROUND 2/3]')"
     t0 = time.perf_counter()
@@ -400,7 +400,7 @@ def test_the_profile_samples_ray_workers_that_exec_from_a_setup_process(tmp_path
     import shutil
     import subprocess
 
-    from fedqhd.scale import BIN, _Profiler
+    from fedqhd.studies.scale import BIN, _Profiler
 
     if not (BIN / "py-spy").exists() and shutil.which("py-spy") is None:
         pytest.skip("py-spy is not installed")

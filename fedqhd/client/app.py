@@ -21,7 +21,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedqhd.config import RunConfig
-from fedqhd.learners import get_learner
+from fedqhd.learners import get_learner, parse_run_config
 from fedqhd.strategies import contract as C
 from fedqhd.threads import limit_client_threads
 
@@ -30,7 +30,7 @@ app = ClientApp()
 
 @functools.lru_cache(maxsize=4)
 def _parse(items: tuple[tuple[str, Any], ...]) -> RunConfig:
-    return RunConfig.from_run_config(dict(items))
+    return parse_run_config(dict(items))
 
 
 def run_config(context: Context) -> RunConfig:
@@ -40,7 +40,7 @@ def run_config(context: Context) -> RunConfig:
     try:
         return _parse(tuple(sorted(context.run_config.items())))
     except TypeError:  # an unhashable value: parse it as it is
-        return RunConfig.from_run_config(context.run_config)
+        return parse_run_config(context.run_config)
 
 
 def _arrays(msg: Message) -> dict[str, np.ndarray]:

@@ -1,7 +1,7 @@
 """Private trajectory shards: collection, partitioning across clients, validated I/O.
 
 See :mod:`fedqhd.data.shard` for the file schema and ``docs/data.md`` for an
-overview. ``fedqhd data generate|inspect`` (:mod:`fedqhd.data.cli`) writes and
+overview. ``fedqhd data generate|inspect`` (:mod:`fedqhd.commands.data`) writes and
 checks shard folders for deployments; :func:`shards_from_arrays` (``fedqhd data
 import``) turns a user's own transition arrays into shards.
 """

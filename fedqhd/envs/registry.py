@@ -10,6 +10,8 @@ other; a user adds a gymnasium env id or a factory with :func:`register_env`::
 Everything downstream (:func:`get_spec`, :func:`make_env`,
 :func:`heuristic_action`, rollouts, anchors, shard collection and validation,
 the run config's ``env-id``) asks this registry; nothing keeps its own list.
+Over 600 lines on purpose: registering an env and resolving its spec (bounds, reward
+range, fingerprint) check the same entry, and one module keeps the one list.
 A module that registers environments is loaded in every process of a run by
 the run-config key ``env-module`` (:func:`load_env_modules`).
 

@@ -8,12 +8,19 @@ online protocol only, :mod:`fedqhd.learners.dqn`) are built in. A learner is a
 module-level object implementing :class:`~fedqhd.learners.base.Learner`;
 :func:`register_learner` adds one under a new name (``"module:attribute"``, imported on
 first use).
+
+:func:`parse_run_config` parses a run config as the apps, studies and commands need it:
+:meth:`RunConfig.from_run_config <fedqhd.config.RunConfig.from_run_config>` and then the
+learner's own :meth:`~fedqhd.learners.base.Learner.check_config`.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from typing import Any
 
+from fedqhd.config import ConfigError, RunConfig
 from fedqhd.learners.base import Learner, ServerPlan
 
 #: name -> "module:attribute" of the learner object, imported on first use
@@ -43,6 +50,23 @@ def get_learner(name: str) -> Learner:
     return learner
 
 
+def check_run_config(cfg: RunConfig) -> RunConfig:
+    """``cfg`` if its learner takes it, else :class:`~fedqhd.config.ConfigError` naming
+    the key (the learner's :meth:`~fedqhd.learners.base.Learner.check_config`)."""
+    problem = get_learner(cfg.learner_key).check_config(cfg)
+    if problem:
+        raise ConfigError(problem)
+    return cfg
+
+
+def parse_run_config(run_config: Mapping[str, Any]) -> RunConfig:
+    """Flower's run config as a checked :class:`~fedqhd.config.RunConfig`: every key
+    (:meth:`RunConfig.from_run_config <fedqhd.config.RunConfig.from_run_config>`), then
+    what the run's learner needs of it; a problem is a
+    :class:`~fedqhd.config.ConfigError` naming the key."""
+    return check_run_config(RunConfig.from_run_config(run_config))
+
+
 def register_learner(name: str, target: str) -> None:
     """Register ``"module:attribute"`` as learner ``name`` (imported on first use)."""
     if ":" not in target:
@@ -50,4 +74,5 @@ def register_learner(name: str, target: str) -> None:
     _REGISTRY[name] = target
 
 
-__all__ = ["Learner", "ServerPlan", "get_learner", "learner_names", "register_learner"]
+__all__ = ["Learner", "ServerPlan", "check_run_config", "get_learner", "learner_names",
+           "parse_run_config", "register_learner"]

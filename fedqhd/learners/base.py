@@ -11,16 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp.strategy import Strategy
 
+from fedqhd.config import RunConfig
 from fedqhd.strategies import contract as C
-
-if TYPE_CHECKING:
-    from fedqhd.config import RunConfig
 
 Arrays = dict[str, np.ndarray]
 Metrics = dict[str, float]
@@ -87,7 +85,8 @@ class Learner(Protocol):
     def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
         """The log line of a finished round (its results row)."""
 
-    def final_report(self, plan: ServerPlan, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def final_report(self, cfg: RunConfig, plan: ServerPlan, rows: list[dict[str, Any]]
+                     ) -> dict[str, Any] | None:
         """Extra entries for ``results.json``'s ``final`` (e.g. privacy ledgers)."""
 
     def final_line(self, final: dict[str, Any]) -> str:
@@ -113,8 +112,33 @@ def greedy_final_line(final: dict[str, Any]) -> str:
         got = final.get(key)
         return float("nan") if got is None else float(got)
 
-    return (f"final greedy return {value('return-mean'):.1f} +- "
+    line = (f"final greedy return {value('return-mean'):.1f} +- "
             f"{value('return-std'):.1f} after {final.get('round')} rounds")
+    ref = final.get(REFERENCE)
+    if isinstance(ref, dict):
+        line += (f" (references: uniform random {float(ref['random-mean']):.1f}, best constant "
+                 f"action {ref['best-constant-action']} {float(ref['best-constant-mean']):.1f})")
+    return line
+
+
+#: ``results.json``'s ``final`` entry: returns of a uniform-random and of every
+#: constant-action policy on the task (:func:`fedqhd.envs.reference.reference_returns`)
+REFERENCE = "reference"
+#: episodes of each reference policy
+REFERENCE_EPISODES = 20
+
+
+def reference_report(cfg: RunConfig) -> dict[str, Any]:
+    """The run's reference returns (``final["reference"]``): what a uniform-random policy
+    and the best constant action score on the task, on the server's evaluation episode
+    seeds (the greedy policy's first ``eval-episodes`` are the same episodes), so a user of
+    any env can tell whether the learned policy is any good."""
+    from fedqhd.envs.reference import reference_returns
+    from fedqhd.seeding import SERVER, evaluation_seed
+
+    ref = reference_returns(cfg.env_id, REFERENCE_EPISODES,
+                            seed=evaluation_seed(cfg.seed, SERVER))
+    return {REFERENCE: ref.to_dict()}
 
 
 def env_problem(learner: str, env_ids: tuple[str, ...], env_id: str) -> str | None:

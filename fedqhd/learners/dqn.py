@@ -64,6 +64,7 @@ from fedqhd.learners.base import (
     env_problem,
     greedy_final_line,
     partition,
+    reference_report,
     reply_counts_text,
 )
 from fedqhd.learners.fqi import anchor_plan
@@ -261,8 +262,9 @@ class DeepBaselines:
                 f"return {row.get(C.RETURN_MEAN, nan):.1f} +- {row.get(C.RETURN_STD, nan):.1f}"
                 f"{kl} | {reply_counts_text(row)}")
 
-    def final_report(self, plan: ServerPlan, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-        return None
+    def final_report(self, cfg: RunConfig, plan: ServerPlan, rows: list[dict[str, Any]]
+                     ) -> dict[str, Any] | None:
+        return reference_report(cfg)
 
     def final_line(self, final: dict[str, Any]) -> str:
         return greedy_final_line(final)

@@ -43,6 +43,7 @@ from fedqhd.learners.base import (
     env_problem,
     greedy_final_line,
     partition,
+    reference_report,
     reply_counts_text,
 )
 from fedqhd.learners.cache import BoundedCache
@@ -511,8 +512,9 @@ class FQI:
                 f"{row.get(C.RETURN_STD, float('nan')):.1f}{residual}{gap} | "
                 f"{reply_counts_text(row)}")
 
-    def final_report(self, plan: ServerPlan, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-        return None
+    def final_report(self, cfg: RunConfig, plan: ServerPlan, rows: list[dict[str, Any]]
+                     ) -> dict[str, Any] | None:
+        return reference_report(cfg)
 
     def final_line(self, final: dict[str, Any]) -> str:
         return greedy_final_line(final)

@@ -12,7 +12,7 @@ reply carries ``train-return-last100``, the paper's metric: the mean return of
 the client's last 100 training episodes. The numeric core is
 :class:`fedqhd.online.OnlineClient`.
 
-The paper's baselines run in the same app (the paper suite, :mod:`fedqhd.paper`, runs
+The paper's baselines run in the same app (the paper suite, :mod:`fedqhd.studies.paper`, runs
 this app in process): ``strategy = "none"``
 (independent learners: FedQHDIndependent, metrics only, each client learns from
 its own readout and evaluates it) and ``strategy = "truncate"``
@@ -43,16 +43,13 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 
+from fedqhd.acting import collect, epsilon_schedule
 from fedqhd.config import RunConfig
 from fedqhd.data.partition import partition_settings
 from fedqhd.envs import get_spec
 from fedqhd.learners.base import Arrays, Curves, Metrics, ServerPlan, partition
 from fedqhd.learners.fqi import FQI, client_encoder, greedy_return, readout_evaluator
-from fedqhd.online import (
-    OnlineClient,
-    default_capacity,
-    epsilon_schedule,
-)
+from fedqhd.online import OnlineClient, default_capacity
 from fedqhd.seeding import shard_seed
 from fedqhd.strategies import FedQHDIndependent, FedQHDPooled, FedQHDTruncate
 from fedqhd.strategies import contract as C
@@ -296,7 +293,7 @@ class FQIOnline(FQI):
             client.readout = own  # collect with its own last fit, as the paper's clients do
         done = len(client.episode_returns)
         k = cfg.episodes_per_round
-        client.collect(k, epsilon_schedule(*cfg.online.epsilon)(np.arange(done, done + k)))
+        collect(client, k, epsilon_schedule(*cfg.online.epsilon)(np.arange(done, done + k)))
         strategy = cfg.resolved_strategy
         if strategy != "pooled":  # the oracle's fit is the server's sweeps (pooled_sweep)
             client.fit(cfg.local_iterations, init=start, prior=start)

@@ -1,7 +1,7 @@
 """The POOL learner inside the federation: one private release per client, then only
 post-processing (registry entry ``pool``).
 
-The numeric side is :mod:`fedqhd.pool.federated`; this module keeps the release in
+The numeric side is :mod:`fedqhd.learners.pool_federated`; this module keeps the release in
 the node's ``context.state`` (raw trajectories are dropped after it), answers
 train and evaluate messages, and gives the server its plan: FedQHDAnchor on
 (state, action) anchor points behind a :class:`~fedqhd.strategies.PrivacyScreen`,
@@ -28,8 +28,7 @@ from fedqhd.learners.base import (
     env_problem,
     partition,
 )
-from fedqhd.pool.counts import NoisyCounts
-from fedqhd.pool.federated import (
+from fedqhd.learners.pool_federated import (
     ClientPrivacy,
     GapEvaluator,
     adopt_teacher,
@@ -42,6 +41,7 @@ from fedqhd.pool.federated import (
     server_policy,
     zoning,
 )
+from fedqhd.pool.counts import NoisyCounts
 from fedqhd.strategies import FedQHDAnchor, PrivacyScreen
 from fedqhd.strategies import contract as C
 
@@ -155,7 +155,8 @@ class Pool:
                 f"failed {row.get(C.REPLIES_FAILED, 0)} refused non-private "
                 f"{row.get(C.REPLIES_REFUSED_NON_PRIVATE, 0)}")
 
-    def final_report(self, plan: ServerPlan, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def final_report(self, cfg: RunConfig, plan: ServerPlan, rows: list[dict[str, Any]]
+                     ) -> dict[str, Any] | None:
         screen = plan.strategy
         assert isinstance(screen, PrivacyScreen)
         ledgers = {str(pid): entry for pid, entry in sorted(screen.ledgers.items())}

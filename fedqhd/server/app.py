@@ -17,7 +17,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedqhd.config import ConfigError, RunConfig
-from fedqhd.learners import get_learner
+from fedqhd.learners import check_run_config, get_learner, parse_run_config
 from fedqhd.seeding import seed_globals
 from fedqhd.server.checkpoint import Checkpoint, CheckpointError, capture_rng, restore_rng
 from fedqhd.server.results import RunRecorder, new_run_dir
@@ -37,7 +37,7 @@ def main(grid: Grid, context: Context) -> None:
     """Parse the run config first (importing ``env-module``): a bad key raises
     :class:`~fedqhd.config.ConfigError` naming it, and Flower marks the run failed."""
     try:
-        cfg = RunConfig.from_run_config(context.run_config)
+        cfg = parse_run_config(context.run_config)
     except ConfigError as exc:
         log(ERROR, "fedqhd: invalid run config, the run stops: %s", exc)
         raise
@@ -89,12 +89,14 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
     After every round the run's checkpoint is written (:mod:`fedqhd.server.checkpoint`);
     with ``cfg.resume_from`` the run continues from the checkpoint of that folder, in
     that folder, and ends as the uninterrupted run would (:class:`CheckpointError` if it
-    cannot).
+    cannot). A ``cfg`` its learner does not take raises
+    :class:`~fedqhd.config.ConfigError` before anything runs.
 
     ``final["status"]`` is ``"failed"`` (with ``final["reason"]``) when no round
     aggregated a reply or too few replies were accepted (``min-success-fraction``); an
     exception during the rounds is recorded the same way and raised again.
     """
+    check_run_config(cfg)  # a RunConfig built in code has had only its own checks
     seed_globals(cfg.seed)  # Flower samples nodes with Python's random
     resume = open_resume(cfg) if cfg.resume_from else None
     out_dir = resume.run_dir if resume is not None else new_run_dir(cfg.output_dir)
@@ -161,7 +163,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
             len(recorder.rounds), status["reason"], out_dir)
         raise
     status = run_status(recorder.rounds, cfg)
-    report = learner.final_report(plan, recorder.rounds) or {}
+    report = learner.final_report(cfg, plan, recorder.rounds) or {}
     final = recorder.finish(C.from_array_record(latest["arrays"]), {**status, **report, **extra})
     log(INFO, "%s: %s; results in %s", learner.log_label, learner.final_line(final), out_dir)
     if final["status"] == "failed":

@@ -10,13 +10,13 @@ from pathlib import Path
 
 
 def _audit(a: argparse.Namespace) -> int:
-    from fedqhd.config import RunConfig
-    from fedqhd.pool.audit import neighbouring_counts
+    from fedqhd.learners import parse_run_config
     from fedqhd.pool.counts import count_sensitivity
     from fedqhd.privacy.audit import ScaledNoise, audit_release
     from fedqhd.privacy.noise import NoiseSource, NumpyNoise, OpenDPNoise
+    from fedqhd.studies.pool_audit import neighbouring_counts
 
-    cfg = RunConfig.from_run_config({
+    cfg = parse_run_config({
         "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": a.seed, "pool-rho": a.rho,
     }).with_pool(horizon=a.horizon, trajectories=a.trajectories)
     d, d_prime = neighbouring_counts(cfg, a.neighbours)

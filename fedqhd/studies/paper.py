@@ -149,7 +149,7 @@ def run_app_cell(method: str, env_id: str, setting: str, seed: int, episodes: in
     from flwr.common.logger import FLOWER_LOGGER
 
     from fedqhd.client.app import app as client_app
-    from fedqhd.config import RunConfig
+    from fedqhd.learners import parse_run_config
     from fedqhd.server.app import run_federation
     from fedqhd.server.inprocess import InProcessGrid
 
@@ -159,7 +159,7 @@ def run_app_cell(method: str, env_id: str, setting: str, seed: int, episodes: in
     wall0, cpu0 = time.perf_counter(), time.process_time()
     try:
         FLOWER_LOGGER.setLevel(logging.WARNING)
-        cfg = RunConfig.from_run_config({**keys, "output-dir": str(scratch)})
+        cfg = parse_run_config({**keys, "output-dir": str(scratch)})
         final, out_dir = run_federation(
             InProcessGrid([client_app] * clients, run_config=cfg.to_run_config()), cfg)
         rows = json.loads((out_dir / "results.json").read_text())["rounds"]

@@ -13,11 +13,11 @@ import sys
 
 #: sub-command modules, in the order ``--help`` lists them
 SUBCOMMAND_MODULES = (
-    "fedqhd.data.cli",
-    "fedqhd.bench",
-    "fedqhd.pool.cli",
-    "fedqhd.privacy.cli",
-    "fedqhd.deploy.cli",
+    "fedqhd.commands.data",
+    "fedqhd.commands.bench",
+    "fedqhd.commands.pool",
+    "fedqhd.commands.privacy",
+    "fedqhd.commands.deploy",
 )
 
 #: top-level modules of the ``full`` extra (pyproject.toml): one missing means the light

@@ -17,8 +17,8 @@ import numpy as np
 
 from fedqhd.config import RunConfig
 from fedqhd.envs.inventory import Trajectories, generate_dataset
+from fedqhd.learners.pool_federated import inventory_model, zoning
 from fedqhd.pool.counts import VisitCounts, count_visits
-from fedqhd.pool.federated import inventory_model, zoning
 from fedqhd.seeding import pool_data_seed
 
 NEIGHBOURS = ("replace", "add")  #: how D' differs from D

@@ -305,7 +305,7 @@ def inprocess(n_clients: int, run_config: dict[str, Any], out: Path,
               timeout: float = 3600.0) -> dict[str, Any]:
     """The run on :class:`~fedqhd.server.inprocess.InProcessGrid` in a child process."""
     out.mkdir(parents=True, exist_ok=True)
-    code = ("import json,sys; from fedqhd.scale import _inprocess_child as f; "
+    code = ("import json,sys; from fedqhd.studies.scale import _inprocess_child as f; "
             "f(int(sys.argv[1]), json.loads(sys.argv[2]))")
     cfg = {**run_config, "output-dir": str(out / "inprocess")}
     t0 = time.perf_counter()
@@ -326,11 +326,11 @@ def inprocess(n_clients: int, run_config: dict[str, Any], out: Path,
 
 def _inprocess_child(n_clients: int, run_config: dict[str, Any]) -> None:
     from fedqhd.client.app import app as client_app
-    from fedqhd.config import RunConfig
+    from fedqhd.learners import parse_run_config
     from fedqhd.server.app import run_federation
     from fedqhd.server.inprocess import InProcessGrid
 
-    cfg = RunConfig.from_run_config(run_config)
+    cfg = parse_run_config(run_config)
     run_federation(InProcessGrid([client_app] * n_clients, run_config=cfg.to_run_config()), cfg)
 
 
@@ -457,7 +457,7 @@ def run_suite(clients: int, rounds: int, out: Path, *, flwr: bool, app_dir: Path
     from threadpoolctl import threadpool_limits
     from tqdm import tqdm
 
-    from fedqhd import perf
+    from fedqhd.studies import perf
 
     rc = {"num-server-rounds": rounds, "eval-episodes": 3, "seed": seed, **(run_config or {})}
     parts = ["in-process", *(["flwr-run"] if flwr else []), "streaming", "exact", "blas"]
@@ -476,7 +476,7 @@ def run_suite(clients: int, rounds: int, out: Path, *, flwr: bool, app_dir: Path
                     / summary["in-process"]["later-round-mean-s"], 2)
             elif part == "streaming":
                 summary["streaming"] = _child_json(
-                    "import json; from fedqhd.perf import streaming_memory as f; "
+                    "import json; from fedqhd.studies.perf import streaming_memory as f; "
                     f"print(json.dumps(f({transitions}, {dim}, sweeps=1, seed={seed}, "
                     "stream=True)))")
             elif part == "exact":

@@ -16,7 +16,7 @@ from pathlib import Path
 from fedqhd.envs.inventory import BEHAVIOURS, DEMANDS, MODELS
 from fedqhd.pool.api import ZONINGS
 from fedqhd.pool.baselines import METHODS
-from fedqhd.pool.experiments import Setting, grid_study, rho_study, run_grid, sweep_study
+from fedqhd.studies.pool_experiments import Setting, grid_study, rho_study, run_grid, sweep_study
 
 
 def _floats(text: str) -> list[float]:
@@ -178,8 +178,8 @@ def federated_study(clients: int, rho: float, seeds: int, **settings: object
     import numpy as np
 
     from fedqhd.client.app import app as client_app
-    from fedqhd.config import RunConfig
-    from fedqhd.pool.federated import ClientPrivacy, GapEvaluator, fit, release
+    from fedqhd.learners import parse_run_config
+    from fedqhd.learners.pool_federated import ClientPrivacy, GapEvaluator, fit, release
     from fedqhd.server.app import run_federation
     from fedqhd.server.inprocess import InProcessGrid
     from fedqhd.strategies import contract as C
@@ -188,13 +188,13 @@ def federated_study(clients: int, rho: float, seeds: int, **settings: object
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         preset = _pool_preset(tmp, "study", **settings)
-        trajectories = int(RunConfig.from_run_config(
+        trajectories = int(parse_run_config(
             {"learner": "pool", "env-id": "fedqhd/Inventory-v0", "preset": preset}
         ).pool.trajectories)
         pooled_preset = _pool_preset(tmp, "pooled", **{**settings,
                                                        "trajectories": trajectories * clients})
         for seed in range(seeds):
-            cfg = RunConfig.from_run_config({
+            cfg = parse_run_config({
                 "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": seed,
                 "num-server-rounds": 1, "pool-rho": rho, "min-nodes": clients,
                 "output-dir": tmp, "preset": preset})

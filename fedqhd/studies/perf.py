@@ -1,7 +1,7 @@
 """Measurements of a client's local fit: memory of a streamed fit, its flop rate
 against this machine's matmul peak, and FedQHDExact against centralised ridge FQI.
 
-Used by ``fedqhd bench --suite scale`` (:mod:`fedqhd.scale`) and by the scripts
+Used by ``fedqhd bench --suite scale`` (:mod:`fedqhd.studies.scale`) and by the scripts
 ``benchmarks/streaming_memory.py`` and ``benchmarks/blas_fraction.py``.
 """
 

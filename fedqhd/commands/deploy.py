@@ -127,7 +127,7 @@ def generate_shards(out: Path, num_partitions: int, env: str, episodes: int,
     ``cwd`` (the app folder, where ``env_module`` is importable)."""
     out = out.resolve()
     if not (out / "shard-0.npz").exists():
-        subprocess.run([sys.executable, "-m", "fedqhd.cli", "data", "generate", "--env", env,
+        subprocess.run([sys.executable, "-m", "fedqhd.commands", "data", "generate", "--env", env,
                         "--env-module", env_module, "--epsilon-min", str(epsilon[0]),
                         "--epsilon-max", str(epsilon[1]),
                         "--num-partitions", str(num_partitions), "--episodes", str(episodes),
