@@ -35,6 +35,7 @@ from fedqhd.presets import (
     load_preset,
     resolve_preset,
 )
+from fedqhd.presets.derive import DeriveError, derived_preset
 from fedqhd.strategies.base import WEIGHTINGS
 from fedqhd.strategies.screening import AGGREGATIONS
 
@@ -243,8 +244,7 @@ class RunConfig:
                 raise ConfigError(f"run-config key '{_kebab(f.name)}' = {value!r} is invalid: "
                                   f"expected {problem}")
         # the keys as given are checked above; a preset's values replace them
-        if self.protocol == "online" or self.learner == "pool":
-            self._take_preset()
+        self._take_preset()
         if self.epsilon_min > self.epsilon_max:
             raise ConfigError(f"run-config keys 'epsilon-min' ({self.epsilon_min}) and "
                               f"'epsilon-max' ({self.epsilon_max}): need min <= max")
@@ -324,20 +324,24 @@ class RunConfig:
         if self.preset == "manual":
             return
         pool = self.learner == "pool"
-        if self.preset == "auto":
-            path = builtin_preset("pool" if pool else "dqn" if self.learner == "dqn"
-                                  else self.env_id)
-            if path is None:  # an env nobody tuned: the learner's defaults, for now
-                return
-        else:
-            path = Path(self.preset).expanduser()
         cls = PoolSettings if pool else OnlineSettings
         try:
-            run_keys, settings = resolve_preset(load_preset(path, cls), self.encoder,
-                                                f"preset {path}", cls)
-        except PresetError as exc:
-            raise ConfigError(f"run-config key 'preset' = {self.preset!r}: "
-                              f"{exc}") from None
+            if self.preset == "auto":
+                path = builtin_preset("pool" if pool else "dqn" if self.learner == "dqn"
+                                      else self.env_id)
+                if path is None and self.learner == "fqi":  # an env nobody tuned
+                    data = derived_preset(self.env_id, self.protocol, self.online_episodes)
+                    source = f"the settings derived for {self.env_id}"
+                elif path is None or (self.protocol == "offline" and not pool):
+                    return  # the built-in tasks' presets are their online settings
+                else:
+                    data, source = load_preset(path, cls), f"preset {path}"
+            else:
+                path = Path(self.preset).expanduser()
+                data, source = load_preset(path, cls), f"preset {path}"
+            run_keys, settings = resolve_preset(data, self.encoder, source, cls)
+        except (PresetError, DeriveError) as exc:
+            raise ConfigError(f"run-config key 'preset' = {self.preset!r}: {exc}") from None
         by_key = {_kebab(f.name): f for f in fields(self)}
         values: dict[str, Any] = {}
         for key, value in run_keys.items():
@@ -345,12 +349,12 @@ class RunConfig:
             try:
                 value = _coerce(key, value, type(f.default))
             except ConfigError:
-                raise ConfigError(f"preset {path}: key '{key}' = {value!r} has type "
+                raise ConfigError(f"{source}: key '{key}' = {value!r} has type "
                                   f"{type(value).__name__}, expected "
                                   f"{type(f.default).__name__}") from None
             problem = f.metadata["check"](value)
             if problem:
-                raise ConfigError(f"preset {path}: key '{key}' = {value!r} is invalid: "
+                raise ConfigError(f"{source}: key '{key}' = {value!r} is invalid: "
                                   f"expected {problem}")
             values[f.name] = value
         replaced = [f"'{_kebab(name)}' = {getattr(self, name)!r} (preset: {v!r})"
@@ -358,8 +362,8 @@ class RunConfig:
                     if getattr(self, name) not in (v, _field_default(name))]
         if replaced:
             raise ConfigError(
-                f"run-config key(s) {', '.join(replaced)} would be replaced by the preset "
-                f"{path} under 'preset' = {self.preset!r}: leave them out, "
+                f"run-config key(s) {', '.join(replaced)} would be replaced by {source} "
+                f"under 'preset' = {self.preset!r}: leave them out, "
                 "set them in your own preset file, or set 'preset' = 'manual' to "
                 "take every key as given")
         for name, v in values.items():

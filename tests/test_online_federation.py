@@ -323,7 +323,8 @@ def test_a_tasks_act_local_key_makes_the_apps_clients_collect_with_their_own_fit
 def test_a_presets_obs_scale_rescales_every_encoder_alike(tmp_path):
     """``obs-scale`` multiplies the task's bounds for the encoders only: every client of
     the app (shared and heterogeneous encoders) and the server's evaluation encoder divide
-    by the same scale; offline runs keep the bounds; a wrong count is refused."""
+    by the same scale; offline runs of a built-in task keep the bounds (its preset holds
+    online settings); a wrong count is refused."""
     scale = (1.0, 1.0, 1.0, 1.0, 0.5, 0.25)
     preset = write_preset(tmp_path, "acro", **{"obs-scale": list(scale)})
     bound = get_spec("Acrobot-v1").obs_bound * np.array(scale)
@@ -336,8 +337,10 @@ def test_a_presets_obs_scale_rescales_every_encoder_alike(tmp_path):
             client, _ = _new_client(cfg, pid, len(HETEROGENEOUS_DIMS))
             np.testing.assert_allclose(client.encoder.scale_, bound)
         np.testing.assert_allclose(shared_encoder(cfg).scale_, bound)  # server's evaluation
-        offline = cfg.replace(protocol="offline")
-        np.testing.assert_allclose(client_encoder(offline, 1).scale_,
+        offline = cfg.replace(protocol="offline")  # a preset file applies offline too
+        np.testing.assert_allclose(client_encoder(offline, 1).scale_, bound)
+        builtin = RunConfig.from_run_config({"env-id": "Acrobot-v1", "encoder": encoder})
+        np.testing.assert_allclose(client_encoder(builtin, 1).scale_,  # presets are online
                                    get_spec("Acrobot-v1").obs_bound)
     short = write_preset(tmp_path, "short", **{"obs-scale": [1, 2]})
     with pytest.raises(ConfigError, match="'obs-scale'.*needs 6 multipliers"):

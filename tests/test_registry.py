@@ -207,9 +207,11 @@ def test_env_module_is_imported_before_validation(example_env) -> None:
                                           "'no_such_mod' could not be imported"):
         RunConfig.from_run_config({"env-module": "no_such_mod"})
     with pytest.raises(ConfigError, match="'epsilon-min' = 0.8 .*no heuristic controller"):
-        parse_run_config({"env-module": "my_env", "env-id": "MyEnv-v0"})
-    cfg = RunConfig.from_run_config({"env-module": "my_env", "env-id": "MyEnv-v0",
-                                     "epsilon-min": 1.0, "epsilon-max": 1.0})
+        parse_run_config({"env-module": "my_env", "env-id": "MyEnv-v0", "preset": "manual"})
+    # preset auto: an env without a preset gets derived settings, uniform-random behaviour
+    # among them (no heuristic controller to be noisy with)
+    cfg = parse_run_config({"env-module": "my_env", "env-id": "MyEnv-v0"})
+    assert (cfg.epsilon_min, cfg.epsilon_max) == (1.0, 1.0)
     assert cfg.env_id == "MyEnv-v0" and "MyEnv-v0" in ENV_IDS
 
 

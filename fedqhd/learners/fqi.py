@@ -337,10 +337,9 @@ def encoder_bound(env_id: str, obs_scale: Sequence[float] | None = None) -> np.n
 
 
 def encoder_scale(cfg: RunConfig) -> np.ndarray:
-    """What the run's encoders divide observations by: the task's bounds, times the online
-    settings' ``obs-scale`` in online runs (:func:`encoder_bound`)."""
-    scale = cfg.online.obs_scale if cfg.protocol == "online" else ()
-    return encoder_bound(cfg.env_id, scale)
+    """What the run's encoders divide observations by: the task's bounds, times the
+    preset's ``obs-scale`` (:func:`encoder_bound`)."""
+    return encoder_bound(cfg.env_id, cfg.online.obs_scale)
 
 
 @functools.lru_cache(maxsize=8)

@@ -35,7 +35,8 @@ PRESET_DIR = Path(__file__).resolve().parent
 #: run-config keys a preset may set (checked by the run config's own rules)
 RUN_KEYS: tuple[str, ...] = ("hd-dim", "bandwidth", "gamma", "ridge", "proximal",
                              "local-iterations", "episodes-per-round", "anchor-source",
-                             "num-anchors")
+                             "num-anchors", "episodes-per-client", "epsilon-min",
+                             "epsilon-max")
 #: the tables that override the top-level keys for one encoder
 ENCODER_TABLES: tuple[str, ...] = ("shared", "heterogeneous")
 
