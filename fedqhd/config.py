@@ -329,7 +329,8 @@ class RunConfig:
             if self.preset == "auto":
                 path = builtin_preset("pool" if pool else "dqn" if self.learner == "dqn"
                                       else self.env_id)
-                if path is None and self.learner == "fqi":  # an env nobody tuned
+                if (path is None and self.learner == "fqi"
+                        and self.env_id in env_ids("discrete")):  # an env nobody tuned
                     data = derived_preset(self.env_id, self.protocol, self.online_episodes)
                     source = f"the settings derived for {self.env_id}"
                 elif path is None or (self.protocol == "offline" and not pool):
