@@ -128,31 +128,37 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
                         s["obs"][restart] = cl.env.reset(restart)
     if append:
         for c, cl in enumerate(clients):
-            cl.episode_returns.extend(returns[c].tolist())
-            if not st[c]["rec"]:
-                continue
-            with timer("bookkeeping"):
-                ep, s0, a, r, s1, te = (np.concatenate(z) for z in zip(*st[c]["rec"],
-                                                                        strict=True))
-                keep = _per_episode_subsample(ep, cl.per_episode, cl.rng, te, cl.tail)
-                cl.n_transitions += len(ep)
-                r_range = (float(r.min()), float(r.max()))
-                cont = 1.0 - te.astype(np.float64)
-                to_go = returns_to_go(ep, r, cl.gamma)
-                first = len(cl.episode_returns) - int(n_episodes[c])  # its first episode
-                # each episode's first transition is its start (records are in time order)
-                _, start = np.unique(ep, return_index=True)
-                cl.start_values = cl.q_values(s0[start]).max(axis=1)
-                cl.start_returns = to_go[start]
-                if cl.n_step > 1:
-                    r, s1, cont = _n_step(ep, r, s1, te, cl.n_step, cl.gamma)
-            prev, cl.timer = cl.timer, timer
-            try:
-                cl.append(s0[keep], a[keep], r[keep], s1[keep], te[keep], cont[keep], r_range,
-                          returns_to_go=to_go[keep], episodes=first + ep[keep])
-            finally:
-                cl.timer = prev
+            _offer(cl, st[c]["rec"], returns[c], int(n_episodes[c]), timer)
     return returns
+
+
+def _offer(cl: OnlineClient, records: list[tuple[np.ndarray, ...]], returns: np.ndarray,
+           n_episodes: int, timer: Timer) -> None:
+    """Record a client's collected episodes: their returns, the start values they began
+    from, and their transitions offered to its buffer (per-episode quota, n-step)."""
+    cl.episode_returns.extend(returns.tolist())
+    if not records:
+        return
+    with timer("bookkeeping"):
+        ep, s0, a, r, s1, te = (np.concatenate(z) for z in zip(*records, strict=True))
+        keep = _per_episode_subsample(ep, cl.per_episode, cl.rng, te, cl.tail)
+        cl.n_transitions += len(ep)
+        r_range = (float(r.min()), float(r.max()))
+        cont = 1.0 - te.astype(np.float64)
+        to_go = returns_to_go(ep, r, cl.gamma)
+        first = len(cl.episode_returns) - n_episodes  # its first episode
+        # each episode's first transition is its start (records are in time order)
+        _, start = np.unique(ep, return_index=True)
+        cl.start_values = cl.q_values(s0[start]).max(axis=1)
+        cl.start_returns = to_go[start]
+        if cl.n_step > 1:
+            r, s1, cont = _n_step(ep, r, s1, te, cl.n_step, cl.gamma)
+    prev, cl.timer = cl.timer, timer
+    try:
+        cl.append(s0[keep], a[keep], r[keep], s1[keep], te[keep], cont[keep], r_range,
+                  returns_to_go=to_go[keep], episodes=first + ep[keep])
+    finally:
+        cl.timer = prev
 
 
 def returns_to_go(episode: np.ndarray, rewards: np.ndarray, gamma: float) -> np.ndarray:

@@ -9,7 +9,7 @@ also when the test fails.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,3 +31,21 @@ def private_ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     directory = tmp_path / "ledgers"
     monkeypatch.setenv("FEDQHD_LEDGER_DIR", str(directory))
     return directory
+
+
+@pytest.fixture
+def temp_envs() -> Iterator[Callable[..., str]]:
+    """``add(env_id, **register_env kwargs)``: registers an env for one test, unregistered
+    afterwards."""
+    from fedqhd.envs import register_env, unregister_env
+
+    added: list[str] = []
+
+    def add(env_id: str, **kwargs) -> str:
+        register_env(env_id, **kwargs)
+        added.append(env_id)
+        return env_id
+
+    yield add
+    for env_id in added:
+        unregister_env(env_id)

@@ -7,7 +7,7 @@ import functools
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -17,7 +17,6 @@ import pytest
 from fedqhd.envs import (
     episode_seeds,
     heuristic_action,
-    register_env,
     rollout_returns,
     unregister_env,
 )
@@ -73,20 +72,6 @@ def lengths(seed: int, n_episodes: int) -> np.ndarray:
     read from the env itself (no policy involved)."""
     env = Steps()
     return np.array([env.reset(seed=int(s))[0][1] for s in episode_seeds(seed, n_episodes)])
-
-
-@pytest.fixture
-def temp_envs() -> Iterator[Callable[..., str]]:
-    added: list[str] = []
-
-    def add(env_id: str, **kwargs) -> str:
-        register_env(env_id, **kwargs)
-        added.append(env_id)
-        return env_id
-
-    yield add
-    for env_id in added:
-        unregister_env(env_id)
 
 
 @pytest.fixture

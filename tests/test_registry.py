@@ -94,20 +94,6 @@ class Wide(Line):
         return self._obs(), 0.0, False, False, {}
 
 
-@pytest.fixture
-def temp_envs():
-    added: list[str] = []
-
-    def add(env_id: str, **kwargs) -> str:
-        register_env(env_id, **kwargs)
-        added.append(env_id)
-        return env_id
-
-    yield add
-    for env_id in added:
-        unregister_env(env_id)
-
-
 # ------------------------------------------------------------ registry
 def test_builtin_entries_have_the_specs_they_had() -> None:
     assert tuple(BUILTIN_ENV_IDS) == tuple(OLD_SPECS)
