@@ -44,9 +44,10 @@ from fedqhd.strategies.screening import AGGREGATIONS
 #: FedQHD paper's baselines (fqi, online): none (independent learners, never aggregated),
 #: truncate (truncate-and-average of readouts of different D_i), pooled (the pooled-data
 #: oracle: ridge FQI on the union of the buffers, from sufficient statistics; shared encoder)
-STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor", "exact", "none", "truncate", "pooled")
+STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor", "exact", "independent", "truncate",
+                                "pooled")
 #: strategies that exist only as the paper's online baselines
-BASELINE_STRATEGIES: tuple[str, ...] = ("none", "truncate", "pooled")
+BASELINE_STRATEGIES: tuple[str, ...] = ("independent", "truncate", "pooled")
 #: numbers of a node learner's in-memory feature table (float32: half the bytes, rounded)
 FEATURE_DTYPES: tuple[str, ...] = ("float64", "float32")
 #: the local learners, run-config ``learner``; the registry (:mod:`fedqhd.learners`) holds
@@ -143,7 +144,7 @@ class RunConfig:
         _float_range(0.0, 1e6, lo_open=True), "per-transition ADMM penalty (offline readout "
         "averaging: consensus ADMM, whose fixed point is pooled FQI)"))
     strategy: str = field(default="auto", metadata=_key(
-        _choice(STRATEGIES), "auto: avg if shared, else anchor; online baselines: none "
+        _choice(STRATEGIES), "auto: avg if shared, else anchor; online baselines: independent "
         "(independent learners), truncate (truncate-and-average)"))
     weighting: str = field(default="transitions", metadata=_key(_choice(WEIGHTINGS),
                                                                 "client weights"))

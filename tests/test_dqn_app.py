@@ -38,8 +38,8 @@ def test_dqn_config_takes_the_papers_settings_and_needs_the_online_protocol():
         distill = RunConfig.from_run_config({"protocol": "online", "learner": "dqn",
                                              "strategy": strategy, "encoder": encoder})
         assert distill.resolved_strategy == "anchor" and distill.num_anchors == 200
-    with pytest.raises(ConfigError, match="'strategy' = 'none'"):
-        parse_run_config({"protocol": "online", "learner": "dqn", "strategy": "none"})
+    with pytest.raises(ConfigError, match="'strategy' = 'independent'"):
+        parse_run_config({"protocol": "online", "learner": "dqn", "strategy": "independent"})
 
 
 def test_dqn_settings_are_the_in_process_baselines_defaults():

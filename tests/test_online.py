@@ -234,7 +234,7 @@ def test_independent_learners_never_compile_a_teacher(tmp_path, monkeypatch):
                         lambda self, *a, **k: calls.append("compile") or real(self, *a, **k))
     keys = {"hd-dim": 100, "encoder": "heterogeneous", "rounds": 2,
             "eval-episodes": 1, "num-anchors": 50}
-    _app_run(tmp_path / "none", 2, strategy="none", **keys)
+    _app_run(tmp_path / "none", 2, strategy="independent", **keys)
     assert calls == []
     _app_run(tmp_path / "anchor", 2, strategy="anchor", **keys)
     assert len(calls) >= 2  # every client compiled the round's teacher

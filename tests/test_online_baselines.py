@@ -158,7 +158,7 @@ def test_truncate_with_heterogeneous_encoders_is_not_the_independent_learners(tm
     and differ after."""
     keys = {"num-server-rounds": 2, "encoder": "heterogeneous"}
     trunc, trunc_grid = _federate(tmp_path / "truncate", strategy="truncate", **keys)
-    alone, alone_grid = _federate(tmp_path / "none", strategy="none", **keys)
+    alone, alone_grid = _federate(tmp_path / "none", strategy="independent", **keys)
     assert trunc[0][TRAIN_RETURN_LAST100] == alone[0][TRAIN_RETURN_LAST100]
     assert trunc[1][TRAIN_RETURN_LAST100] != alone[1][TRAIN_RETURN_LAST100]
     for t, a in zip(_node_arrays(trunc_grid), _node_arrays(alone_grid), strict=True):
@@ -240,18 +240,18 @@ def test_the_pooled_oracle_is_ridge_fqi_on_the_union_of_the_buffers(tmp_path, mo
     assert np.abs(globals_[1] - np.mean(own, axis=0)).max() > 1e-2 * np.abs(want).max()
 
 
-def test_paper_suite_runs_truncate_avg_and_the_oracle(tmp_path):
+def test_paper_suite_runs_truncate_and_the_pooled_oracle(tmp_path):
     from fedqhd.commands.main import main
     from fedqhd.studies import paper
 
     rc = main(["bench", "--suite", "paper", "--envs", "CartPole-v1", "--methods",
-               "truncate-avg,oracle", "--seeds", "0", "--clients", "2", "--episodes", "40",
+               "truncate,pooled", "--seeds", "0", "--clients", "2", "--episodes", "40",
                "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "paper.json").read_text())
     cells = {(c["method"], c["setting"]): c for c in data["cells"]}
-    assert set(cells) == {("truncate-avg", "shared"), ("truncate-avg", "heterogeneous"),
-                          ("oracle", "shared")}
+    assert set(cells) == {("truncate", "shared"), ("truncate", "heterogeneous"),
+                          ("pooled", "shared")}
     # each cell ran the app with its method's strategy, on the task's table (auto)
     assert [cells[k]["config"]["strategy"] for k in sorted(cells)] == [
         "pooled", "truncate", "truncate"]
@@ -260,8 +260,25 @@ def test_paper_suite_runs_truncate_avg_and_the_oracle(tmp_path):
         assert np.isfinite(c["train-return-last100"]) and c["curve"]
         assert c["curve"][-1][0] >= 40  # episodes per client
     table = (tmp_path / "paper-table.md").read_text()
-    assert "| truncate-avg |" in table and "(230.8)" in table and "(112.6)" in table
-    oracle_row = next(line for line in table.splitlines() if line.startswith("| oracle |"))
-    assert "(" not in oracle_row and oracle_row.rstrip().endswith("| - |")
+    assert "| truncate |" in table and "(230.8)" in table and "(112.6)" in table
+    pooled_row = next(line for line in table.splitlines() if line.startswith("| pooled |"))
+    assert "(" not in pooled_row and pooled_row.rstrip().endswith("| - |")
     with pytest.raises(ValueError, match="shared setting"):
-        paper.run_cell("oracle", "CartPole-v1", "heterogeneous", 0)
+        paper.run_cell("pooled", "CartPole-v1", "heterogeneous", 0)
+
+
+def test_a_suite_of_the_old_method_names_loads_under_the_new_ones(tmp_path):
+    """paper.json files written before the methods took the strategies' names (truncate-avg,
+    oracle) still load, resume and merge, under truncate and pooled."""
+    from fedqhd.studies import paper
+
+    old = {"protocol": {"clients": 5, "episodes": 600}, "cells": [
+        {"method": "truncate-avg", "env-id": "CartPole-v1", "setting": "shared", "seed": 42,
+         "train-return-last100": 200.0},
+        {"method": "oracle", "env-id": "CartPole-v1", "setting": "shared", "seed": 42,
+         "train-return-last100": 300.0}]}
+    path = tmp_path / "paper.json"
+    path.write_text(json.dumps(old))
+    cells = paper.load_summary(path)["cells"]
+    assert [c["method"] for c in cells] == ["truncate", "pooled"]
+    assert all(c["method"] in paper.METHODS for c in cells)

@@ -145,8 +145,8 @@ def test_app_pooled_oracle_sends_only_statistics_and_every_client_acts_with_one_
 
 
 def test_baseline_strategies_need_fqi_online():
-    with pytest.raises(ConfigError, match="'strategy' = 'none'.*'protocol' = 'online'"):
-        RunConfig.from_run_config({"strategy": "none"})
+    with pytest.raises(ConfigError, match="'strategy' = 'independent'.*'protocol' = 'online'"):
+        RunConfig.from_run_config({"strategy": "independent"})
     with pytest.raises(ConfigError, match="'strategy' = 'truncate'.*'learner' = 'fqi'"):
         RunConfig.from_run_config({"strategy": "truncate", "learner": "pool",
                                    "env-id": "fedqhd/Inventory-v0", "protocol": "online"})

@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     suite.add_argument("--envs", help="comma-separated tasks (default: all four)")
     suite.add_argument("--settings", help="shared,heterogeneous (default: both)")
     suite.add_argument("--methods", help="comma-separated (default: "
-                       "fedqhd,independent,truncate-avg,fedavg-dqn,distill-dqn,oracle)")
+                       "fedqhd,independent,truncate,fedavg-dqn,distill-dqn,pooled)")
     suite.add_argument("--episodes", type=int, default=600, help="episodes per client")
     suite.add_argument("--resume", action="store_true",
                        help="--out holds a stopped suite's paper.json: keep its cells and run "

@@ -13,7 +13,7 @@ the client's last 100 training episodes. The numeric core is
 :class:`fedqhd.online.OnlineClient`.
 
 The paper's baselines run in the same app (the paper suite, :mod:`fedqhd.studies.paper`, runs
-this app in process): ``strategy = "none"``
+this app in process): ``strategy = "independent"``
 (independent learners: FedQHDIndependent, metrics only, each client learns from
 its own readout and evaluates it) and ``strategy = "truncate"``
 (FedQHDTruncate: each client replies its own readout, of its own ``D_i`` under
@@ -257,7 +257,7 @@ class FQIOnline(FQI):
                                                 readout_evaluator(cfg),
                                                 {"readout-shape": [cfg.hd_dim,
                                                                    oracle.n_actions]}))
-        if cfg.resolved_strategy == "none":
+        if cfg.resolved_strategy == "independent":
             baseline = FedQHDIndependent(fraction_evaluate=1.0, **strategy_kwargs)
         elif cfg.resolved_strategy == "truncate":
             baseline = FedQHDTruncate(get_spec(cfg.env_id).n_actions, fraction_evaluate=1.0,
@@ -301,10 +301,10 @@ class FQIOnline(FQI):
         metrics.update({C.NUM_TRANSITIONS: client.n_transitions,
                         TRAIN_RETURN_LAST100: float(np.mean(client.episode_returns[-100:])),
                         VALUE_BIAS: client.value_bias()})
-        if strategy in ("none", "truncate", "pooled"):
+        if strategy in ("independent", "truncate", "pooled"):
             # names the client: the server sums truncated readouts in partition order
             metrics[C.PARTITION_ID] = partition(context)[0]
-        if strategy == "none":
+        if strategy == "independent":
             return None, metrics
         if strategy == "pooled":
             return pooled_statistics(client), metrics

@@ -9,15 +9,16 @@ last 100 episodes, averaged over clients. Methods:
 * ``fedqhd`` -- ours: bounded ridge FQI on HD features, readout averaging (shared)
   or anchor-set teacher compilation (heterogeneous);
 * ``independent`` -- the same learners, never aggregated;
-* ``truncate-avg`` -- the paper's truncate FedAvg: the same learners, readouts cut to
+* ``truncate`` -- the paper's truncate FedAvg: the same learners, readouts cut to
   the smallest ``D_i`` and averaged; with the shared encoder it is plain readout
   averaging, i.e. exactly ``fedqhd`` shared;
-* ``oracle`` -- one learner fitting ridge FQI on the pooled buffers of all clients,
+* ``pooled`` -- one learner fitting ridge FQI on the pooled buffers of all clients,
   every client acting with its readout (shared setting only: one feature space; the
   paper reports no number);
 
-These four run the Flower apps in process (:func:`run_app_cell`): the ServerApp's rounds
-and one ClientApp per client, the code ``flwr run`` executes, on the in-process Grid.
+Every cell runs the Flower apps in process (:func:`run_app_cell`): the ServerApp's rounds
+and one ClientApp per client, the code ``flwr run`` executes, on the in-process Grid. The
+FQI methods are the run config's ``strategy`` values (``fedqhd`` is ``auto``).
 * ``fedavg-dqn`` -- FedAvg of DQN MLPs (shared setting only, as in the paper);
 * ``distill-dqn`` -- distillation FedDQN on anchor states (both settings)
   (:mod:`fedqhd.baselines.dqn`, extra ``dqn``).
@@ -44,15 +45,15 @@ import numpy as np
 
 ENVS: tuple[str, ...] = ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "MountainCar-v0")
 SETTINGS: tuple[str, ...] = ("shared", "heterogeneous")
-METHODS: tuple[str, ...] = ("fedqhd", "independent", "truncate-avg", "fedavg-dqn",
-                             "distill-dqn", "oracle")
+METHODS: tuple[str, ...] = ("fedqhd", "independent", "truncate", "fedavg-dqn",
+                             "distill-dqn", "pooled")
 #: the run-config keys of each method (with ``encoder`` = the setting): every cell runs
 #: the Flower apps; the paper weights its deep baselines' clients alike
 METHOD_KEYS: dict[str, dict[str, Any]] = {
     "fedqhd": {"learner": "fqi", "strategy": "auto"},
-    "independent": {"learner": "fqi", "strategy": "none"},
-    "truncate-avg": {"learner": "fqi", "strategy": "truncate"},
-    "oracle": {"learner": "fqi", "strategy": "pooled"},
+    "independent": {"learner": "fqi", "strategy": "independent"},
+    "truncate": {"learner": "fqi", "strategy": "truncate"},
+    "pooled": {"learner": "fqi", "strategy": "pooled"},
     "fedavg-dqn": {"learner": "dqn", "strategy": "avg", "weighting": "uniform"},
     "distill-dqn": {"learner": "dqn", "strategy": "anchor", "weighting": "uniform"},
 }
@@ -63,7 +64,7 @@ SEEDS: tuple[int, ...] = (42, 43, 44)
 PAPER: dict[str, dict[str, tuple[float | None, float | None]]] = {
     "independent": {"CartPole-v1": (26.1, 24.0), "Acrobot-v1": (-306.1, -495.4),
                     "LunarLander-v3": (-187.3, -174.6), "MountainCar-v0": (-200.0, -200.0)},
-    "truncate-avg": {"CartPole-v1": (230.8, 112.6), "Acrobot-v1": (-106.5, -280.8),
+    "truncate": {"CartPole-v1": (230.8, 112.6), "Acrobot-v1": (-106.5, -280.8),
                      "LunarLander-v3": (65.0, -24.8), "MountainCar-v0": (-148.3, -172.9)},
     "fedavg-dqn": {"CartPole-v1": (120.8, None), "Acrobot-v1": (-85.3, None),
                    "LunarLander-v3": (200.9, None), "MountainCar-v0": (-167.8, None)},
@@ -71,8 +72,12 @@ PAPER: dict[str, dict[str, tuple[float | None, float | None]]] = {
                     "LunarLander-v3": (122.5, 131.4), "MountainCar-v0": (-156.0, -174.3)},
     "fedqhd": {"CartPole-v1": (466.3, 351.1), "Acrobot-v1": (-105.0, -102.5),
                "LunarLander-v3": (224.1, 101.5), "MountainCar-v0": (-143.7, -162.3)},
-    "oracle": {e: (None, None) for e in ENVS},
+    "pooled": {e: (None, None) for e in ENVS},
 }
+
+
+#: methods named differently before the suite ran the apps' strategies by their names
+RENAMED: dict[str, str] = {"truncate-avg": "truncate", "oracle": "pooled"}
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -109,7 +114,7 @@ def paper_number(method: str, env_id: str, setting: str) -> float | None:
 def applicable(method: str, setting: str) -> bool:
     """FedAvg of network parameters needs one architecture and the pooled oracle one
     feature space: both are shared setting only."""
-    return not (method in ("fedavg-dqn", "oracle") and setting == "heterogeneous")
+    return not (method in ("fedavg-dqn", "pooled") and setting == "heterogeneous")
 
 
 def run_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 600,
@@ -230,6 +235,8 @@ def load_summary(path: Path) -> dict[str, Any]:
             and isinstance(data.get("protocol"), dict)):
         raise ValueError(f"{path}: not a paper suite's paper.json (no protocol and cells)")
     for c in data["cells"]:
+        if isinstance(c, dict) and c.get("method") in RENAMED:  # a suite before 2026-12-04
+            c["method"] = RENAMED[c["method"]]
         try:
             cell_key(c)
             float(c["train-return-last100"])
