@@ -1,8 +1,8 @@
 """Hyperdimensional (random Fourier feature) state encoders.
 
 An encoder maps a state ``s`` to ``phi(s) = sqrt(2/D) cos(Omega (s / scale) + b)``
-with ``Omega`` rows drawn from ``N(0, 2 gamma I)`` and ``b ~ U[0, 2 pi]``, so that
-``phi(x) . phi(y)`` approximates the RBF kernel ``exp(-gamma ||x - y||^2)`` on
+with ``Omega`` rows drawn from ``N(0, 2 bandwidth I)`` and ``b ~ U[0, 2 pi]``, so that
+``phi(x) . phi(y)`` approximates the RBF kernel ``exp(-bandwidth ||x - y||^2)`` on
 scaled states. Q-functions built on it are nonlinear in the state but linear in
 the readout, which is what makes closed-form federated aggregation possible.
 """
@@ -29,10 +29,12 @@ class HDEncoder(TransformerMixin, BaseEstimator):
 
     Parameters
     ----------
-    n_components : int
-        Feature dimension ``D``.
-    gamma : float
-        RBF bandwidth on scaled states: the kernel is ``exp(-gamma ||x - y||^2)``.
+    hd_dim : int
+        Feature dimension ``D`` (run-config key ``hd-dim``).
+    bandwidth : float
+        RBF bandwidth on scaled states: the kernel is ``exp(-bandwidth ||x - y||^2)``
+        (run-config key ``bandwidth``; scikit-learn's ``RBFSampler`` calls it ``gamma``,
+        which fedqhd keeps for the discount).
     scale : array-like of shape (n_features,), "auto" or None
         Per-dimension divisor applied before encoding (per-environment bounds, so
         scaled states lie roughly in ``[-1, 1]``); positive and finite (anything
@@ -46,21 +48,21 @@ class HDEncoder(TransformerMixin, BaseEstimator):
 
     Attributes
     ----------
-    omega_ : ndarray of shape (n_features, n_components)
-    offset_ : ndarray of shape (n_components,)
+    omega_ : ndarray of shape (n_features, hd_dim)
+    offset_ : ndarray of shape (hd_dim,)
     scale_ : ndarray of shape (n_features,)
     n_features_in_ : int
     """
 
     def __init__(
         self,
-        n_components: int = 2000,
-        gamma: float = 1.0,
+        hd_dim: int = 2000,
+        bandwidth: float = 1.0,
         scale: np.ndarray | None = None,
         random_state: int | np.random.RandomState | None = None,
     ) -> None:
-        self.n_components = n_components
-        self.gamma = gamma
+        self.hd_dim = hd_dim
+        self.bandwidth = bandwidth
         self.scale = scale
         self.random_state = random_state
 
@@ -68,10 +70,10 @@ class HDEncoder(TransformerMixin, BaseEstimator):
         """Draw the random projection; only the width of ``X`` is used (and its rows,
         with ``scale="auto"``)."""
         X = validate_data(self, X, dtype=np.float64)
-        if int(self.n_components) < 1:
-            raise ValueError(f"n_components must be >= 1, got {self.n_components}")
-        if not self.gamma > 0:
-            raise ValueError(f"gamma must be > 0, got {self.gamma}")
+        if int(self.hd_dim) < 1:
+            raise ValueError(f"hd_dim must be >= 1, got {self.hd_dim}")
+        if not self.bandwidth > 0:
+            raise ValueError(f"bandwidth must be > 0, got {self.bandwidth}")
         d = X.shape[1]
         if self.scale is None:
             scale = np.ones(d)
@@ -84,8 +86,8 @@ class HDEncoder(TransformerMixin, BaseEstimator):
         else:
             scale = check_scale(self.scale, d)
         rng = check_random_state(self.random_state)
-        self.omega_ = rng.normal(0.0, np.sqrt(2.0 * self.gamma), size=(d, int(self.n_components)))
-        self.offset_ = rng.uniform(0.0, 2.0 * np.pi, size=int(self.n_components))
+        self.omega_ = rng.normal(0.0, np.sqrt(2.0 * self.bandwidth), size=(d, int(self.hd_dim)))
+        self.offset_ = rng.uniform(0.0, 2.0 * np.pi, size=int(self.hd_dim))
         self.scale_ = scale
         return self
 
@@ -168,30 +170,30 @@ def check_scale(scale: object, d: int) -> np.ndarray:
 class EncoderParams:
     """What defines one client's encoder: enough to rebuild it anywhere."""
 
-    n_components: int
-    gamma: float
+    hd_dim: int
+    bandwidth: float
     seed: int
 
     def build(self, scale: np.ndarray) -> HDEncoder:
         """Fit an encoder for states of width ``len(scale)``."""
-        enc = HDEncoder(self.n_components, self.gamma, scale=scale, random_state=self.seed)
+        enc = HDEncoder(self.hd_dim, self.bandwidth, scale=scale, random_state=self.seed)
         return enc.fit(np.zeros((1, len(scale))))
 
 
-def shared_encoder_params(seed: int, n_components: int, gamma: float) -> EncoderParams:
+def shared_encoder_params(seed: int, hd_dim: int, bandwidth: float) -> EncoderParams:
     """The one encoder every client (and the server) uses in the shared setting."""
-    return EncoderParams(n_components, gamma, encoder_seed(seed, SHARED))
+    return EncoderParams(hd_dim, bandwidth, encoder_seed(seed, SHARED))
 
 
 def heterogeneous_encoder_params(
     seed: int,
     partition_id: int,
-    base_gamma: float,
+    base_bandwidth: float,
     dims: tuple[int, ...] = HETEROGENEOUS_DIMS,
 ) -> EncoderParams:
     """Client ``partition_id``'s own encoder: its own seed, ``D_i`` cycled from ``dims``
-    and ``gamma_i = base_gamma * U(0.5, 1.5)`` (the FedQHD paper's protocol)."""
+    and ``bandwidth_i = base_bandwidth * U(0.5, 1.5)`` (the FedQHD paper's protocol)."""
     enc_seed = encoder_seed(seed, partition_id)
-    gamma = base_gamma * np.random.default_rng(enc_seed).uniform(0.5, 1.5)
-    return EncoderParams(dims[partition_id % len(dims)], float(gamma), enc_seed)
+    bandwidth = base_bandwidth * np.random.default_rng(enc_seed).uniform(0.5, 1.5)
+    return EncoderParams(dims[partition_id % len(dims)], float(bandwidth), enc_seed)
 

@@ -33,7 +33,7 @@ def test_inner_products_approximate_rbf_kernel():
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="scale"):
         HDEncoder(10, 1.0, scale=np.array([1.0, -1.0]), random_state=0).fit(np.zeros((1, 2)))
-    with pytest.raises(ValueError, match="gamma"):
+    with pytest.raises(ValueError, match="bandwidth"):
         HDEncoder(10, 0.0, random_state=0).fit(np.zeros((1, 2)))
     enc = HDEncoder(10, 1.0, random_state=0).fit(np.zeros((1, 3)))
     with pytest.raises(ValueError):
@@ -42,8 +42,8 @@ def test_bad_input_is_refused():
 
 def test_heterogeneous_params_follow_the_paper_protocol():
     params = [heterogeneous_encoder_params(3, i, 1.0) for i in range(8)]
-    assert [p.n_components for p in params] == list(HETEROGENEOUS_DIMS) * 2
-    assert all(0.5 <= p.gamma <= 1.5 for p in params)
+    assert [p.hd_dim for p in params] == list(HETEROGENEOUS_DIMS) * 2
+    assert all(0.5 <= p.bandwidth <= 1.5 for p in params)
     assert len({p.seed for p in params}) == 8
     assert params[2] == heterogeneous_encoder_params(3, 2, 1.0)
     shared = shared_encoder_params(3, 100, 1.0)
@@ -54,7 +54,7 @@ def test_heterogeneous_params_follow_the_paper_protocol():
 def test_passes_scikit_learn_estimator_checks():
     from sklearn.utils.estimator_checks import check_estimator
 
-    results = check_estimator(HDEncoder(n_components=50, random_state=0), on_fail=None)
+    results = check_estimator(HDEncoder(hd_dim=50, random_state=0), on_fail=None)
     failed = [r["check_name"] for r in results if r["status"] == "failed"]
     assert len(results) > 30 and not failed, failed
 

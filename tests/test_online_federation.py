@@ -167,9 +167,9 @@ def test_the_apps_clients_take_the_table():
             assert client.n_parallel == run_keys["episodes-per-round"]
             assert client.capacity == online.default_capacity(dim)
             if encoder == "shared":
-                assert client.encoder.gamma == run_keys["bandwidth"]
+                assert client.encoder.bandwidth == run_keys["bandwidth"]
             else:  # bandwidth_i = bandwidth * U(0.5, 1.5)
-                assert 0.5 <= client.encoder.gamma / run_keys["bandwidth"] <= 1.5
+                assert 0.5 <= client.encoder.bandwidth / run_keys["bandwidth"] <= 1.5
 
 
 #: where each key of a preset's ``[heterogeneous]`` table lands: an attribute of the

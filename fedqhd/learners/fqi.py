@@ -130,7 +130,7 @@ class FQILearner:
         self.shard = shard
         budget = FEATURE_BUDGET if feature_budget is None else int(feature_budget)
         cap = available_memory() if memory_cap is None else int(memory_cap)
-        n, dim = self.n_transitions, encoder.n_components
+        n, dim = self.n_transitions, encoder.hd_dim
         # each distinct state is encoded once (RidgeFQI.from_states): n + episodes rows
         states = distinct_state_count(shard.observations, shard.next_observations)
         dtype = np.dtype(feature_dtype)
@@ -145,7 +145,7 @@ class FQILearner:
                       cap, memory_cap is not None, states, width)
         self.fqi: RidgeFQI | StreamingRidgeFQI
         if streaming:
-            self.fqi = StreamingRidgeFQI(encoder.encode, encoder.n_components, n_actions,
+            self.fqi = StreamingRidgeFQI(encoder.encode, encoder.hd_dim, n_actions,
                                          gamma=gamma, ridge=ridge, proximal=proximal,
                                          value_range=value_range, chunk_size=chunk_size)
             self.fqi.add(shard.observations, shard.actions, shard.rewards,
@@ -225,7 +225,7 @@ class FQILearner:
             else:  # only the new transitions (a shard that grew)
                 grams = chunked_grams(self.encoder.encode, self.shard.observations[have:],
                                       self.shard.actions[have:], self.n_actions,
-                                      self.encoder.n_components)
+                                      self.encoder.hd_dim)
             arrays[C.GRAM] = C.pack_upper(grams)
         if want_rhs:
             arrays[C.PHI_Y] = self.fqi.rhs(readout, q_range)
