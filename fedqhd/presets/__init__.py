@@ -1,5 +1,5 @@
-"""Online presets: per-task settings of the online learners as TOML files a user can read,
-copy and edit (this folder holds the built-in tasks' and the deep baselines').
+"""Presets: per-task settings of the learners as TOML files a user can read, copy and edit
+(this folder holds the built-in tasks', the deep baselines' and POOL's).
 
 A preset sets run-config keys (:data:`RUN_KEYS`: the encoder, the FQI solve, the round
 length, the anchors) and the learner's own settings: the online FQI learner's
