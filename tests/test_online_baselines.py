@@ -5,20 +5,17 @@ both through the paper suite."""
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 
 import numpy as np
 import pytest
+from online_spies import spy_clients
 
 from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
-from fedqhd.learners import fqi_online
-from fedqhd.learners.base import partition
 from fedqhd.learners.fqi_online import (
     STATE_ARRAYS,
     STATE_META,
     TRAIN_RETURN_LAST100,
-    FQIOnline,
     _new_client,
 )
 from fedqhd.online import OnlineClient
@@ -49,33 +46,6 @@ def _node_arrays(grid: InProcessGrid) -> list[dict[str, np.ndarray]]:
     """Each node's saved client (partition order): its buffer rows, readout, ..."""
     return [{k: v.numpy() for k, v in grid.contexts[node].state[STATE_ARRAYS].items()}
             for node in sorted(grid.contexts)]
-
-
-def _spy_clients(monkeypatch) -> tuple[dict, dict, dict]:
-    """Per partition id, in round order: the readout each client collected with, its fit's
-    ``init`` and the readout and transitions its fit ended with."""
-    acted, starts, fitted = defaultdict(list), defaultdict(list), defaultdict(list)
-    node = {}
-    real_train, real_collect, real_fit = FQIOnline.train, fqi_online.collect, OnlineClient.fit
-
-    def train(self, context, cfg, arrays):
-        node["pid"] = partition(context)[0]
-        return real_train(self, context, cfg, arrays)
-
-    def collect(client, *args, **kwargs):
-        acted[node["pid"]].append(client.readout.copy())
-        return real_collect(client, *args, **kwargs)
-
-    def fit(self, sweeps, init=None, prior=None):
-        starts[node["pid"]].append(None if init is None else np.array(init))
-        out = real_fit(self, sweeps, init, prior)
-        fitted[node["pid"]].append((self.readout.copy(), self.n_transitions))
-        return out
-
-    monkeypatch.setattr(FQIOnline, "train", train)
-    monkeypatch.setattr(fqi_online, "collect", collect)
-    monkeypatch.setattr(OnlineClient, "fit", fit)
-    return acted, starts, fitted
 
 
 def test_truncated_mean_of_readouts_of_different_dims():
@@ -117,7 +87,7 @@ def test_truncate_clients_continue_from_the_truncated_average(tmp_path, monkeypa
         return heads[-1]
 
     monkeypatch.setattr(truncate, "truncated_mean", spy)
-    _, starts, fitted = _spy_clients(monkeypatch)
+    _, starts, fitted = spy_clients(monkeypatch)
     rows, _ = _federate(tmp_path, encoder="heterogeneous", strategy="truncate",
                         **{"num-server-rounds": 2})
     assert [r[C.REPLIES_OK] for r in rows] == [2, 2] and len(heads) == 2
@@ -171,7 +141,7 @@ def test_the_pooled_oracle_makes_every_client_act_with_one_readout(tmp_path, mon
     pooled readout of the round before (and keeps it in its state), a fit of its own
     that moves every round; its curve is not readout averaging's. One feature space
     only: heterogeneous encoders are refused."""
-    acted, _, _ = _spy_clients(monkeypatch)
+    acted, _, _ = spy_clients(monkeypatch)
     monkeypatch.setattr(OnlineClient, "fit", lambda *a, **k: pytest.fail("a local fit"))
     keys = {"num-server-rounds": 3, "hd-dim": 60}
     pooled, grid = _federate(tmp_path / "pooled", n_clients=3, strategy="pooled", **keys)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 
 import numpy as np
 import pytest
+from online_spies import spy_clients
 from presets_util import write_preset
 
 from fedqhd import online
@@ -14,9 +14,8 @@ from fedqhd.client.app import app as client_app
 from fedqhd.config import ConfigError, RunConfig
 from fedqhd.encoders import HETEROGENEOUS_DIMS
 from fedqhd.envs import batch, get_spec
-from fedqhd.learners.base import partition
 from fedqhd.learners.fqi import client_encoder, encoder_scale, shared_encoder
-from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, FQIOnline, _new_client
+from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, _new_client
 from fedqhd.presets import builtin_preset, load_preset, resolve_preset
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
@@ -274,30 +273,7 @@ def test_a_tasks_act_local_key_makes_the_apps_clients_collect_with_their_own_fit
                                       "env-id": "Acrobot-v1"}).online.act_local is True
     assert RunConfig.from_run_config({"protocol": "online",
                                       "env-id": "CartPole-v1"}).online.act_local is False
-    acted: dict[int, list[np.ndarray]] = defaultdict(list)
-    fitted: dict[int, list[tuple[np.ndarray, int]]] = defaultdict(list)
-    node: dict[str, int] = {}
-    real_train = FQIOnline.train
-    from fedqhd.learners import fqi_online
-
-    real_collect, real_fit = fqi_online.collect, online.OnlineClient.fit
-
-    def train(self, context, cfg, arrays):
-        node["pid"] = partition(context)[0]
-        return real_train(self, context, cfg, arrays)
-
-    def collect(client, *args, **kwargs):
-        acted[node["pid"]].append(client.readout.copy())
-        return real_collect(client, *args, **kwargs)
-
-    def fit(self, *args, **kwargs):
-        out = real_fit(self, *args, **kwargs)
-        fitted[node["pid"]].append((self.readout.copy(), self.n_transitions))
-        return out
-
-    monkeypatch.setattr(FQIOnline, "train", train)
-    monkeypatch.setattr(fqi_online, "collect", collect)
-    monkeypatch.setattr(online.OnlineClient, "fit", fit)
+    acted, _, fitted = spy_clients(monkeypatch)
     for act_local in (True, False):
         acted.clear()
         fitted.clear()
