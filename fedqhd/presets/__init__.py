@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedqhd.envs.inventory import DEMANDS, MODELS
 from fedqhd.pool.api import ZONINGS
 from fedqhd.pool.learner import KERNELS
+from fedqhd.settings import KeyedSettings, SettingError, choice, flag, number, setting
 
 __all__ = ["ENCODER_TABLES", "OnlineSettings", "PoolSettings", "PresetError", "RUN_KEYS",
            "builtin_preset", "load_preset", "preset_path", "resolve_preset"]
@@ -46,17 +47,6 @@ class PresetError(ValueError):
     message names the file and the key."""
 
 
-def _number(lo: float, hi: float, lo_open: bool = False, integer: bool = False
-            ) -> Callable[[Any], str | None]:
-    def check(v: Any) -> str | None:
-        kind = int if integer else (int, float)
-        ok = (isinstance(v, kind) and not isinstance(v, bool) and math.isfinite(v)
-              and (v > lo if lo_open else v >= lo) and v <= hi)
-        what = "an integer" if integer else "a number"
-        return None if ok else f"{what} in {'(' if lo_open else '['}{lo}, {hi}]"
-    return check
-
-
 def _epsilon(v: Any) -> str | None:
     ok = (isinstance(v, list | tuple) and len(v) == 3
           and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)
@@ -72,89 +62,60 @@ def _scales(v: Any) -> str | None:
     return None if ok else "a list of positive numbers (one per observation coordinate)"
 
 
-def _flag(v: Any) -> str | None:
-    return None if isinstance(v, bool) else "true or false"
-
-
-def _choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
-    return lambda v: None if v in options else f"one of {', '.join(options)}"
-
-
-def _setting(default: Any, check: Callable[[Any], str | None], doc: str) -> Any:
-    return field(default=default, metadata={"check": check, "doc": doc})
-
-
 @dataclass(frozen=True)
-class OnlineSettings:
+class OnlineSettings(KeyedSettings):
     """The online FQI learner's own settings (field ``foo_bar`` is preset key ``foo-bar``);
     the defaults are what ``preset = "manual"`` runs with."""
 
-    epsilon: tuple[float, float, float] = _setting(
+    epsilon: tuple[float, float, float] = setting(
         (1.0, 0.9, 0.01), _epsilon, "exploration: epsilon of the first episode, multiplied "
         "by the decay after each episode, never below the floor")
-    per_episode: int = _setting(20, _number(1, 100_000, integer=True),
+    per_episode: int = setting(20, number(1, 100_000, integer=True),
                                 "at most this many transitions of an episode enter the buffer")
-    tail: int = _setting(0, _number(0, 100_000, integer=True),
+    tail: int = setting(0, number(0, 100_000, integer=True),
                          "the last this-many transitions of a terminated episode enter first")
-    n_step: int = _setting(1, _number(1, 1000, integer=True), "n of n-step transitions")
-    action_gap: float = _setting(0.0, _number(0.0, 1.0),
+    n_step: int = setting(1, number(1, 1000, integer=True), "n of n-step transitions")
+    action_gap: float = setting(0.0, number(0.0, 1.0),
                                  "advantage-learning weight (0: plain FQI)")
-    mc_mix: float = _setting(0.0, _number(0.0, 1.0), "weight of the realised discounted "
+    mc_mix: float = setting(0.0, number(0.0, 1.0), "weight of the realised discounted "
                              "return in the targets of the last mc-window episodes' rows")
-    mc_window: int = _setting(100, _number(1, 10_000_000, integer=True),
+    mc_window: int = setting(100, number(1, 10_000_000, integer=True),
                               "episodes whose realised returns mix into the targets")
-    ucb: float = _setting(0.0, _number(0.0, 1e9), "optimism while collecting: Q plus this "
+    ucb: float = setting(0.0, number(0.0, 1e9), "optimism while collecting: Q plus this "
                           "times each action's relative ridge posterior std")
-    act_local: bool = _setting(False, _flag, "readout averaging: each client collects with "
+    act_local: bool = setting(False, flag, "readout averaging: each client collects with "
                                "its own last fit (the paper's clients act locally)")
-    obs_scale: tuple[float, ...] = _setting((), _scales, "multipliers of the task's "
+    obs_scale: tuple[float, ...] = setting((), _scales, "multipliers of the task's "
                                             "observation bounds for the encoders (the "
                                             "kernel's length scale per coordinate)")
 
-    @classmethod
-    def keys(cls) -> tuple[str, ...]:
-        return tuple(f.name.replace("_", "-") for f in fields(cls))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Kebab-case keys, lists for tuples (what ``run_config.json`` records)."""
-        return {f.name.replace("_", "-"): (list(v) if isinstance(v := getattr(self, f.name),
-                                                                tuple) else v)
-                for f in fields(self)}
-
 
 @dataclass(frozen=True)
-class PoolSettings:
+class PoolSettings(KeyedSettings):
     """The POOL learner's settings (``learner = "pool"``, the inventory task); the
     defaults are ``fedqhd/presets/pool.toml``."""
 
-    delta: float = _setting(1e-5, _number(0.0, 0.5, lo_open=True),
+    delta: float = setting(1e-5, number(0.0, 0.5, lo_open=True),
                             "delta of the reported epsilon and of E_rho")
-    products: int = _setting(2, _number(1, 8, integer=True), "w products (w + d = 2w)")
-    horizon: int = _setting(7, _number(1, 100, integer=True), "H stages")
-    dynamics: str = _setting("lost_sales", _choice(MODELS), "inventory dynamics")
-    demand: str = _setting("uniform", _choice(DEMANDS), "demand: U[0, D_max] or bike")
-    trajectories: int = _setting(1000, _number(1, 10_000_000, integer=True),
+    products: int = setting(2, number(1, 8, integer=True), "w products (w + d = 2w)")
+    horizon: int = setting(7, number(1, 100, integer=True), "H stages")
+    dynamics: str = setting("lost_sales", choice(MODELS), "inventory dynamics")
+    demand: str = setting("uniform", choice(DEMANDS), "demand: U[0, D_max] or bike")
+    trajectories: int = setting(1000, number(1, 10_000_000, integer=True),
                                  "trajectories in a client's shard")
-    zones: int = _setting(50, _number(1, 100_000, integer=True), "M zones")
-    zoning: str = _setting("post-decision", _choice(ZONINGS),
+    zones: int = setting(50, number(1, 100_000, integer=True), "M zones")
+    zoning: str = setting("post-decision", choice(ZONINGS),
                            "post-decision (zones over y = s + a) | norm (the paper's) | grid")
-    kernel: str = _setting("auto", _choice(("auto", *KERNELS)), "next-state kernel: shared "
+    kernel: str = setting("auto", choice(("auto", *KERNELS)), "next-state kernel: shared "
                            "(one demand law per stage) | zone (the paper's) | auto (shared "
                            "for post-decision zones)")
-    cells: int = _setting(20, _number(1, 100_000, integer=True), "next-state cells")
-    boundary: float = _setting(1.0, _number(0.0, 1.0, lo_open=True),
+    cells: int = setting(20, number(1, 100_000, integer=True), "next-state cells")
+    boundary: float = setting(1.0, number(0.0, 1.0, lo_open=True),
                                "observable boundary |lambda| per coordinate")
-    trust: float = _setting(1.0, _number(0.0, 1.0), "weight of the teacher in a client's "
+    trust: float = setting(1.0, number(0.0, 1.0), "weight of the teacher in a client's "
                             "policy")
-    eval_episodes: int = _setting(2000, _number(1, 10_000_000, integer=True),
+    eval_episodes: int = setting(2000, number(1, 10_000_000, integer=True),
                                   "inventory episodes per evaluation (common random numbers)")
-
-    @classmethod
-    def keys(cls) -> tuple[str, ...]:
-        return tuple(f.name.replace("_", "-") for f in fields(cls))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
 
 
 Settings = OnlineSettings | PoolSettings
@@ -163,20 +124,10 @@ Settings = OnlineSettings | PoolSettings
 def _check_settings(values: Mapping[str, Any], source: str,
                     cls: type[Settings] = OnlineSettings) -> Settings:
     """The settings ``cls`` of preset keys ``values`` (kebab-case), each checked."""
-    by_key = {f.name.replace("_", "-"): f for f in fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for key, value in values.items():
-        f = by_key[key]
-        problem = f.metadata["check"](value)
-        if problem:
-            raise PresetError(f"{source}: key '{key}' = {value!r} is invalid: expected "
-                              f"{problem}")
-        if isinstance(value, list):
-            value = tuple(float(x) for x in value)
-        elif f.type in ("float", float) and isinstance(value, int):
-            value = float(value)
-        kwargs[f.name] = value
-    return cls(**kwargs)
+    try:
+        return cls.from_keys(values)
+    except SettingError as exc:
+        raise PresetError(f"{source}: {exc}") from None
 
 
 def load_preset(path: str | Path, cls: type[Settings] = OnlineSettings) -> dict[str, Any]:
