@@ -46,6 +46,7 @@ __all__ = [
     "infer_obs_bound",
     "is_registered",
     "load_env_modules",
+    "random_episodes",
     "register_env",
     "space_bounds",
     "spec_fingerprint",
@@ -485,7 +486,7 @@ def _resolve(entry: EnvEntry) -> EnvSpec:
             bound = np.where(high > low, (high - low) / 2, 1.0)
             center = (high + low) / 2
         else:  # "data"
-            observations = _random_observations(env, BOUND_EPISODES, BOUND_SEED)
+            observations = random_episodes(env, BOUND_EPISODES, BOUND_SEED)[0]
             bound, center = _robust_range(observations, env_id)
     finally:
         raw.close()
@@ -499,20 +500,28 @@ def _resolve(entry: EnvEntry) -> EnvSpec:
                    obs_bound_source="given" if isinstance(how, np.ndarray) else str(how))
 
 
-def _random_observations(env: gym.Env, n_episodes: int, seed: int) -> np.ndarray:
+def random_episodes(env: gym.Env, n_episodes: int, seed: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Observations (rows, flattened), rewards and lengths of ``n_episodes`` episodes of
+    uniform-random actions of ``env``: what ``obs_bound="data"`` is inferred from, and
+    what settings for an untuned env are derived from (:mod:`fedqhd.presets.derive`)."""
     rng = np.random.default_rng(seed)
     action_space: Any = env.action_space
     n = int(action_space.n)
-    rows = []
+    rows, rewards, lengths = [], [], []
     for _ in range(n_episodes):
         obs, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
         rows.append(np.asarray(obs, dtype=np.float64).reshape(-1))
+        steps = 0
         while True:
-            obs, _, terminated, truncated, _ = env.step(int(rng.integers(n)))
+            obs, reward, terminated, truncated, _ = env.step(int(rng.integers(n)))
             rows.append(np.asarray(obs, dtype=np.float64).reshape(-1))
+            rewards.append(float(reward))
+            steps += 1
             if terminated or truncated:
                 break
-    return np.asarray(rows)
+        lengths.append(steps)
+    return np.asarray(rows), np.asarray(rewards), np.asarray(lengths)
 
 
 def _robust_range(observations: Any, what: str) -> tuple[np.ndarray, np.ndarray]:

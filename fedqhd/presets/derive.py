@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedqhd.envs import get_spec, has_heuristic, make_env, space_bounds
-from fedqhd.envs.registry import BOUND_EPISODES, BOUND_SEED, infer_obs_bound
+from fedqhd.envs.registry import BOUND_EPISODES, BOUND_SEED, infer_obs_bound, random_episodes
 
 __all__ = ["DeriveError", "derived_preset", "random_rollouts"]
 
@@ -52,25 +52,10 @@ def random_rollouts(env_id: str, n_episodes: int = BOUND_EPISODES, seed: int = B
     """Observations (rows), rewards and episode lengths of ``n_episodes`` uniform-random
     episodes of ``env_id`` (the rollouts ``obs_bound="data"`` is inferred from)."""
     env = make_env(env_id)
-    rng = np.random.default_rng(seed)
-    n_actions = get_spec(env_id).n_actions
-    obs, rewards, lengths = [], [], []
     try:
-        for _ in range(n_episodes):
-            o, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
-            obs.append(np.asarray(o, dtype=np.float64).reshape(-1))
-            steps = 0
-            while True:
-                o, r, terminated, truncated, _ = env.step(int(rng.integers(n_actions)))
-                obs.append(np.asarray(o, dtype=np.float64).reshape(-1))
-                rewards.append(float(r))
-                steps += 1
-                if terminated or truncated:
-                    break
-            lengths.append(steps)
+        return random_episodes(env, n_episodes, seed)
     finally:
         env.close()
-    return np.asarray(obs), np.asarray(rewards), np.asarray(lengths)
 
 
 @functools.lru_cache(maxsize=32)
