@@ -205,11 +205,12 @@ class RunConfig:
     episodes_per_round: int = field(default=20, metadata=_key(
         _int_range(1, 100_000), "online: episodes each client collects per round"))
     preset: str = field(default="auto", metadata=_key(
-        _preset, "online: auto = the task's preset (fedqhd/presets/<env-id>.toml; "
-        "learner dqn: dqn.toml), which sets hd-dim, bandwidth, gamma, ridge, proximal, "
-        "local-iterations, episodes-per-round and the learner's own settings, and as many "
-        "rounds as online-episodes take; a path = your own preset file; manual = the keys "
-        "as given and the learner's defaults"))
+        _preset, "auto = the task's preset (fedqhd/presets/<env-id>.toml, online runs; "
+        "dqn.toml, pool.toml for those learners), or settings derived for an env without "
+        "one; it sets hd-dim, bandwidth, gamma, ridge, proximal, local-iterations, "
+        "episodes-per-round and the learner's own settings, and online as many rounds as "
+        "online-episodes take; a path = your own preset file; manual = the keys as given "
+        "and the learner's defaults"))
     #: the online learner's own settings, from the preset (not a run-config key)
     online: OnlineSettings = field(default=OnlineSettings(), init=False,
                                    metadata={"check": lambda v: None, "key": False})
@@ -319,7 +320,7 @@ class RunConfig:
                               f"and capacity {capacity} (min(20000, 1e7 / hd-dim))")
 
     def _take_preset(self) -> None:
-        """Take the online settings ``preset`` names: a preset's run-config keys
+        """Take the settings ``preset`` names: a preset's (or the derived) run-config keys
         (refused when given with another value: the preset would replace them without a
         word), its learner settings, and as many rounds as ``online-episodes`` take."""
         if self.preset == "manual":

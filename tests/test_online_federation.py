@@ -438,3 +438,14 @@ def test_a_user_presets_keys_reach_the_apps_clients(tmp_path):
     assert (client.action_gap, client.mc_mix, client.mc_window, client.ucb) == (
         0.3, 0.4, 30, 1.5)
     assert client.capacity == online.default_capacity(20)
+
+
+def test_an_edited_preset_file_is_read_again(tmp_path):
+    """Presets are cached per file, keyed by its size and modification time: an edit
+    between two runs is seen."""
+    path = tmp_path / "mine.toml"
+    path.write_text("ucb = 1.0\n")
+    first = RunConfig.from_run_config({"protocol": "online", "preset": str(path)})
+    path.write_text("ucb = 2.5\nact-local = true\n")
+    second = RunConfig.from_run_config({"protocol": "online", "preset": str(path)})
+    assert (first.online.ucb, second.online.ucb, second.online.act_local) == (1.0, 2.5, True)

@@ -16,6 +16,8 @@ Why each built-in value: BENCHMARKS.md, "Online presets".
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import tomllib
 from collections.abc import Mapping
@@ -134,8 +136,20 @@ def load_preset(path: str | Path, cls: type[Settings] = OnlineSettings) -> dict[
     """A preset file as a dict (top-level keys, and the encoder tables as dicts); refused
     with :class:`PresetError` naming the file (and the key) when it is unreadable, names
     an unknown key or table, or gives a learner setting out of range. Run-config keys are
-    checked by the run config that takes the preset."""
+    checked by the run config that takes the preset. A file read before and unchanged
+    since (its size and modification time) is not read again: every node parses the run
+    config of every message."""
     path = Path(path)
+    try:
+        stat = path.stat()
+        return copy.deepcopy(_load(str(path), stat.st_mtime_ns, stat.st_size, cls))  # type: ignore[arg-type]  # a class is hashable
+    except OSError as exc:
+        raise PresetError(f"preset {path}: not a readable TOML file ({exc})") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _load(path_text: str, mtime_ns: int, size: int, cls: type[Settings]) -> dict[str, Any]:
+    path = Path(path_text)
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
