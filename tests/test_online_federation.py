@@ -449,3 +449,15 @@ def test_an_edited_preset_file_is_read_again(tmp_path):
     path.write_text("ucb = 2.5\nact-local = true\n")
     second = RunConfig.from_run_config({"protocol": "online", "preset": str(path)})
     assert (first.online.ucb, second.online.ucb, second.online.act_local) == (1.0, 2.5, True)
+
+
+def test_eval_every_evaluates_every_kth_round_and_the_last(tmp_path):
+    """eval-every = 3 over 4 rounds: the greedy evaluation (here federated: heterogeneous
+    encoders, each client its compiled policy) runs after rounds 3 and 4 only."""
+    rows = _run(tmp_path, encoder="heterogeneous",
+                **{"num-server-rounds": 4, "episodes-per-round": 4, "eval-every": 3,
+                   "hd-dim": 100, "num-anchors": 50, "eval-episodes": 1})["rounds"]
+    evaluated = [r["round"] for r in rows if C.RETURN_MEAN in r]
+    sent = [r["round"] for r in rows if r.get(f"{C.EVALUATE_PREFIX}{C.REPLIES_OK}")]
+    assert evaluated == sent == [3, 4]
+    assert all(r[C.REPLIES_OK] == 2 for r in rows)  # every round trained
