@@ -39,10 +39,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -54,11 +54,11 @@ from fedqhd.config import RunConfig
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
-from fedqhd.strategies.identity import IdentityRegistry
+from fedqhd.strategies.screening import Safeguards
 
 N_CLIENTS = 10
 ATTACKER = 9
-PLAIN = {"norm_bound_factor": 0.0, "weight_cap_factor": 0.0}
+PLAIN = {"clip_factor": 0.0, "norm_bound_factor": 0.0, "weight_cap_factor": 0.0}
 SETTINGS: dict[str, dict[str, Any]] = {
     "plain": PLAIN,
     "defaults": {},
@@ -66,11 +66,13 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "trimmed-mean": {"aggregation": "trimmed-mean"},
     # heterogeneous encoders: FedQHDAnchor, with federated evaluation
     "anchor": {"encoder": "heterogeneous"},
+    "anchor-plain": {"encoder": "heterogeneous", **PLAIN},
 }
 
 
-def altered_app(alter: Callable[[dict, dict, int], tuple[dict, dict]]) -> ClientApp:
-    """A client that trains honestly and replies ``alter(arrays, metrics, round)``."""
+def altered_app(alter: Callable[[dict, dict, int, dict], tuple[dict, dict]]) -> ClientApp:
+    """A client that trains honestly and replies ``alter(arrays, metrics, round, global)``
+    (``global``: the arrays the server sent)."""
     app = ClientApp()
 
     @app.train()
@@ -80,7 +82,9 @@ def altered_app(alter: Callable[[dict, dict, int], tuple[dict, dict]]) -> Client
             return reply
         arrays = C.from_array_record(reply.content[C.ARRAYS])
         metrics = dict(reply.content[C.METRICS].items())
-        arrays, metrics = alter(arrays, metrics, int(msg.content[C.CONFIG][C.SERVER_ROUND]))
+        sent = C.from_array_record(msg.content[C.ARRAYS])
+        arrays, metrics = alter(arrays, metrics, int(msg.content[C.CONFIG][C.SERVER_ROUND]),
+                                sent)
         return Message(RecordDict({C.ARRAYS: C.to_array_record(arrays),
                                    C.METRICS: MetricRecord(metrics)}), reply_to=msg)
 
@@ -152,28 +156,75 @@ def churning_app(stages: tuple[str, ...]) -> ClientApp:
     return app
 
 
-def _scale(arrays, metrics, rnd):
+def _scale(arrays, metrics, rnd, sent):
     return {k: v * 1e30 for k, v in arrays.items()}, metrics
 
 
-def _claim(arrays, metrics, rnd):
+def _claim(arrays, metrics, rnd, sent):
     return arrays, {**metrics, C.NUM_TRANSITIONS: 1e12}
 
 
-def _rotate(arrays, metrics, rnd):
+def _rotate(arrays, metrics, rnd, sent):
     return ({k: -v for k, v in arrays.items()},
             {**metrics, C.PARTITION_ID: 1000 + rnd})
 
 
+#: the global array a reply is measured against, by the array the reply carries
+CENTER_OF = {C.READOUT: C.READOUT, C.Q_ANCHORS: C.TEACHER}
+
+
+def _against(arrays, metrics, rnd, sent):
+    """The adaptive attack: knowing the default safeguards, reply as far from the global
+    model as they accept, pointing against it. The attacker estimates the round's
+    deviation scale by its own honest reply's distance from the global model, and sends
+    the global model moved against its own direction: past the clip radius (where every
+    distance counts the same) and short of the refusal bound, by the geometric mean of
+    the two factors, sqrt(3 x 10) = 5.5 x its estimate, the most margin both ways
+    (clipping off: 0.95 x the bound; the bound off: 100 x)."""
+    defaults = Safeguards()
+    bound, clip = defaults.norm_bound_factor, defaults.clip_factor
+    factor = (math.sqrt(bound * clip) if bound and clip else 0.95 * bound if bound
+              else 100.0)
+    out = {}
+    for key, honest in arrays.items():
+        center = sent.get(CENTER_OF.get(key, key))
+        if center is None or center.shape != honest.shape:
+            center = np.zeros_like(honest)
+        direction = center if np.linalg.norm(center) > 0 else honest
+        direction = direction / np.linalg.norm(direction)
+        out[key] = center - factor * np.linalg.norm(honest - center) * direction
+    return out, metrics
+
+
+def _against_claim(arrays, metrics, rnd, sent):
+    arrays, metrics = _against(arrays, metrics, rnd, sent)
+    return arrays, {**metrics, C.NUM_TRANSITIONS: 1e12}
+
+
+def _against_rotate(arrays, metrics, rnd, sent):
+    arrays, metrics = _against(arrays, metrics, rnd, sent)
+    return arrays, {**metrics, C.PARTITION_ID: 1000 + rnd}
+
+
+def _against_steal(arrays, metrics, rnd, sent):
+    """The adaptive attack under the partition id of client 0 (the victim)."""
+    arrays, metrics = _against(arrays, metrics, rnd, sent)
+    return arrays, {**metrics, C.PARTITION_ID: VICTIM}
+
+
+VICTIM = 0
 ATTACKS = {"scale": _scale, "claim": _claim, "rotate": _rotate}
+#: the adaptive attacks of issue 29
+ADAPTIVE = {"against": _against, "against-claim": _against_claim,
+            "against-rotate": _against_rotate, "against-steal": _against_steal}
 
 
 def apps_for(attack: str) -> list[ClientApp]:
     if attack == "absent30":  # the control: those 30 % never existed (7 honest clients)
         return [honest_app] * (N_CLIENTS - len(FAILING))
     apps = [honest_app] * N_CLIENTS
-    if attack in ATTACKS:
-        apps[ATTACKER] = altered_app(ATTACKS[attack])
+    if attack in ATTACKS or attack in ADAPTIVE:
+        apps[ATTACKER] = altered_app({**ATTACKS, **ADAPTIVE}[attack])
     elif attack in FAILURES:
         for i in FAILING:
             apps[i] = failing_app(FAILURES[attack])
@@ -191,23 +242,6 @@ def expected_failures(attack: str, rounds: int, federated_evaluation: bool) -> d
     return out
 
 
-@contextmanager
-def identities_off():
-    """Accept every identity claim (the behaviour before identity binding)."""
-    original = IdentityRegistry.claim
-
-    def accept(self, node, key, server_round):
-        self.owner[key] = node
-        self.last_seen[key] = server_round
-        return None
-
-    IdentityRegistry.claim = accept  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        IdentityRegistry.claim = original  # type: ignore[method-assign]
-
-
 def node_configs_for(attack: str) -> list[dict[str, Any]] | None:
     """The control's 7 nodes hold the shards of the 10-client federation's clients that
     are not in ``FAILING`` (0..6)."""
@@ -218,30 +252,37 @@ def node_configs_for(attack: str) -> list[dict[str, Any]] | None:
 
 
 def run(seed: int, attack: str, setting: str, rounds: int,
-        episodes_per_client: int = 5) -> dict[str, Any]:
+        episodes_per_client: int = 5, hd_dim: int = 2000) -> dict[str, Any]:
     overrides = {k.replace("_", "-"): v for k, v in SETTINGS[setting].items()}
     with tempfile.TemporaryDirectory() as out:
         cfg = RunConfig.from_run_config({"seed": seed, "num-server-rounds": rounds,
-                                         "output-dir": out,
+                                         "output-dir": out, "hd-dim": hd_dim,
                                          "episodes-per-client": episodes_per_client,
                                          **overrides})
         grid = InProcessGrid(apps_for(attack), run_config=cfg.to_run_config(),
                              node_configs=node_configs_for(attack))
         started = time.time()
-        if setting == "plain":
-            with identities_off():
-                final, out_dir = run_federation(grid, cfg)
-        else:
-            final, out_dir = run_federation(grid, cfg)
+        final, out_dir = run_federation(grid, cfg)
         rows = json.loads((out_dir / "results.json").read_text())["rounds"]
+        with np.load(out_dir / "final_model.npz") as model:
+            key = C.TEACHER if C.TEACHER in model.files else C.READOUT
+            norm = float(np.linalg.norm(model[key])) if key in model.files else None
     last = rows[-1]
     federated_evaluation = cfg.encoder == "heterogeneous"
     counted = {"train-failed": sum(r[C.REPLIES_FAILED] for r in rows)}
     if federated_evaluation:
         counted["evaluate-failed"] = sum(r["evaluate-" + C.REPLIES_FAILED] for r in rows)
     return {"seed": seed, "attack": attack, "setting": setting,
-            "return": final["return-mean"], "status": final["status"],
+            "return": final["return-mean"], "status": final["status"], "model-norm": norm,
             "clients-averaged": last.get(C.CLIENTS_AVERAGED),
+            # every honest reply (the victim's too) accepted in every round?
+            "honest-accepted": all(r[C.REPLIES_OK] + r[C.REPLIES_NORM_REFUSED]
+                                   >= r[C.REPLIES_SAMPLED] - (attack in FAILURES or
+                                                              attack in CHURN) * len(FAILING)
+                                   and r[C.REPLIES_REJECTED] <= (attack in ADAPTIVE
+                                                                 or attack in ATTACKS)
+                                   for r in rows),
+            "clipped": sum(r.get(C.REPLIES_CLIPPED, 0) for r in rows),
             "failed-counted": counted,
             "counts-exact": counted == expected_failures(attack, rounds, federated_evaluation),
             "replies": final["replies"], "seconds": round(time.time() - started, 1)}
@@ -250,24 +291,35 @@ def run(seed: int, attack: str, setting: str, rounds: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds per run (default: 8 for --only adaptive, else 20)")
+    parser.add_argument("--hd-dim", type=int, default=None,
+                        help="D (default: 500 for --only adaptive, else the run config's 2000)")
     parser.add_argument("--out", default="")
     parser.add_argument("--episodes-per-client", type=int, default=5,
                         help="episodes in each client's generated shard (the run config's "
                         "default: 5)")
-    parser.add_argument("--only", choices=["attacks", "failures", "churn"], default=None,
-                        help="the attack cases, the failure cases (both strategies), or "
-                        "the churn cases (a fresh random 30%% failing each round)")
+    parser.add_argument("--only", choices=["adaptive", "attacks", "failures", "churn"],
+                        default=None,
+                        help="the adaptive attacks (issue 29), the fixed attack cases, the "
+                        "failure cases (both strategies), or the churn cases (a fresh random "
+                        "30%% failing each round)")
     args = parser.parse_args()
+    adaptive = args.only == "adaptive"
+    rounds = args.rounds or (8 if adaptive else 20)
+    hd_dim = args.hd_dim or (500 if adaptive else 2000)
     logging.getLogger("flwr").setLevel(logging.ERROR)
     cases: list[tuple[str, str]] = []
+    if adaptive:
+        for setting in ("defaults", "plain", "anchor", "anchor-plain"):
+            cases += [("clean", setting)] + [(a, setting) for a in ADAPTIVE]
     if args.only in (None, "attacks"):
-        shared = [s for s in SETTINGS if s != "anchor"]
+        shared = [s for s in SETTINGS if not s.startswith("anchor")]
         cases += [("clean", s) for s in shared] + [(a, s) for a in ATTACKS for s in shared]
     if args.only == "churn":
         cases += [("clean", "defaults"), ("churn30", "defaults"), ("clean", "anchor")]
         cases += [(c, "anchor") for c in CHURN]
-    elif args.only != "attacks":
+    elif args.only in (None, "failures"):
         # (plain averaging treats a failed reply as the defaults do: no separate row)
         cases += [("clean", "defaults"), ("clean", "anchor")] if args.only else []
         cases += [("fail30", "defaults"), ("fail30", "median")]
@@ -276,29 +328,36 @@ def main() -> None:
     results = []
     for seed in args.seeds:
         for attack, setting in cases:
-            r = run(seed, attack, setting, args.rounds, args.episodes_per_client)
+            r = run(seed, attack, setting, rounds, args.episodes_per_client, hd_dim)
             results.append(r)
             print(json.dumps(r), flush=True)
             if args.out:
                 with open(args.out, "w") as f:
                     json.dump(results, f, indent=1)
-    print()
+    print(f"\n{rounds} rounds, hd-dim {hd_dim}, seeds {args.seeds}\n")
     print("| attack | setting | " + " | ".join(f"seed {s}" for s in args.seeds)
-          + " | mean | vs clean | failures counted exactly |")
-    print("|---|---|" + "---|" * (len(args.seeds) + 3))
+          + " | mean | vs clean | model norm vs clean | honest replies all accepted "
+          "| failures counted exactly |")
+    print("|---|---|" + "---|" * (len(args.seeds) + 5))
 
-    def clean(setting: str) -> float:  # the anchor runs compare with clean anchor runs
-        base = "anchor" if setting == "anchor" else "defaults"
-        return float(np.mean([r["return"] for r in results
+    def clean(setting: str, key: str) -> float:
+        """The clean runs of the same setting (else of the defaults of its encoder)."""
+        base = setting if any(r["attack"] == "clean" and r["setting"] == setting
+                              for r in results) else \
+            ("anchor" if setting.startswith("anchor") else "defaults")
+        return float(np.mean([r[key] for r in results
                               if r["attack"] == "clean" and r["setting"] == base]))
 
-    for attack, setting in cases:
+    for attack, setting in dict.fromkeys(cases):
         got = [r for r in results if r["attack"] == attack and r["setting"] == setting]
         rets = [r["return"] for r in got]
         mean = float(np.mean(rets))
+        norm = float(np.mean([r["model-norm"] for r in got]))
         exact = "yes" if all(r["counts-exact"] for r in got) else "NO"
+        honest = "yes" if all(r["honest-accepted"] for r in got) else "NO"
         print(f"| {attack} | {setting} | " + " | ".join(f"{x:.1f}" for x in rets)
-              + f" | {mean:.1f} | {100 * (mean / clean(setting) - 1):+.0f}% | {exact} |")
+              + f" | {mean:.1f} | {100 * (mean / clean(setting, 'return') - 1):+.0f}% "
+              f"| {norm / clean(setting, 'model-norm'):.2f}x | {honest} | {exact} |")
 
 
 if __name__ == "__main__":

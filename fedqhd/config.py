@@ -173,22 +173,24 @@ class RunConfig:
     # ---- safeguards against faulty or malicious clients ----
     aggregation: str = field(default="mean", metadata=_key(
         _choice(AGGREGATIONS), "how replies (readouts, anchor Q-values, evaluation metrics) "
-        "are combined: weighted mean, coordinate-wise median, trimmed mean, norm-clipped mean"))
+        "are combined: weighted mean, coordinate-wise median, trimmed mean (of the clipped "
+        "replies)"))
     trim_fraction: float = field(default=0.1, metadata=_key(
         _float_range(0.0, 0.5, hi_open=True),
         "trimmed-mean: drop ceil(trim-fraction * n) lowest and highest values per coordinate"))
-    clip_factor: float = field(default=1.0, metadata=_key(
-        _float_range(0.0, 1e12, lo_open=True),
-        "clipped-mean: scale replies down to this multiple of the median reply norm"))
+    clip_factor: float = field(default=3.0, metadata=_key(
+        _float_range(0.0, 1e12), "pull replies further than this multiple of the deviation "
+        "scale (the median distance of the round's replies from the previous global model, "
+        "growing at most 2x a round) back to that distance (0: off)"))
     norm_bound_factor: float = field(default=10.0, metadata=_key(
-        _float_range(0.0, 1e12), "refuse replies whose norm is above this multiple of the "
-        "round's median reply norm (0: off)"))
-    weight_cap_factor: float = field(default=3.0, metadata=_key(
+        _float_range(0.0, 1e12), "refuse replies further than this multiple of the "
+        "deviation scale from the previous global model (0: off)"))
+    weight_cap_factor: float = field(default=10.0, metadata=_key(
         _float_range(0.0, 1e12), "cap a client's weight at this multiple of the round's "
         "median claimed num-transitions (0: off)"))
     stale_rounds: int = field(default=10, metadata=_key(
-        _int_range(0, 1_000_000), "a client's identity binding and stored reply (aggregate "
-        "latest) expire after this many rounds without an accepted reply (0: never)"))
+        _int_range(0, 1_000_000), "a client (its node) and its stored reply (aggregate "
+        "latest) are forgotten after this many rounds without an accepted reply (0: never)"))
     min_success_fraction: float = field(default=0.5, metadata=_key(
         _float_range(0.0, 1.0), "the run fails if fewer than this fraction of the sampled "
         "train replies is accepted (and always if no round aggregated anything)"))

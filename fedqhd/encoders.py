@@ -20,6 +20,9 @@ from fedqhd.seeding import SHARED, encoder_seed
 
 #: encoder dimensions cycled over clients in the heterogeneous setting (FedQHD paper)
 HETEROGENEOUS_DIMS: tuple[int, ...] = (500, 1000, 2000, 5000)
+#: every feature vector's squared norm is at most this: (2 / D) sum_k cos^2(.) <= 2 (what
+#: FedQHDExact checks a client's Gram trace against)
+MAX_FEATURE_SQ_NORM = 2.0
 #: encoder settings of a federation: one encoder for all, or one per client
 ENCODER_KINDS: tuple[str, ...] = ("shared", "heterogeneous")
 

@@ -1,6 +1,7 @@
 """Streaming ridge FQI equals the in-memory fit; FedQHDExact equals centralised FQI."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -153,3 +154,59 @@ def test_packed_gram_round_trips():
     packed = C.pack_upper(g)
     assert packed.shape == (2, 15)
     np.testing.assert_array_equal(C.unpack_upper(packed, 5), g)
+
+
+def _lying_app(alter):
+    """A ClientApp that computes honest statistics and replies ``alter(arrays, metrics)``."""
+    from flwr.app import Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    app = ClientApp()
+
+    @app.train()
+    def train(msg, context):
+        reply = client_app(msg, context)
+        arrays = C.from_array_record(reply.content[C.ARRAYS])
+        arrays, metrics = alter(arrays, dict(reply.content[C.METRICS].items()))
+        return Message(RecordDict({C.ARRAYS: C.to_array_record(arrays),
+                                   C.METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+    return app
+
+
+def _scaled(key, factor):
+    return lambda arrays, metrics: ({**arrays, key: arrays[key] * factor}
+                                    if key in arrays else arrays, metrics)
+
+
+def _claim(arrays, metrics):
+    counts = arrays[C.ACTION_COUNTS] * 1e10  # consistent counts, same Gram
+    return ({**arrays, C.ACTION_COUNTS: counts},
+            {**metrics, C.NUM_TRANSITIONS: counts.sum(), C.GRAM_THROUGH: counts.sum()})
+
+
+@pytest.mark.parametrize("alter", [_scaled(C.PHI_Y, 1e8), _scaled(C.GRAM, 1e8),
+                                   _scaled(C.PHI_Y, -1e3), _claim],
+                         ids=["phi-y x 1e8", "gram x 1e8", "phi-y x -1e3", "claim 1e12"])
+def test_exact_refuses_statistics_inconsistent_with_themselves(tmp_path, alter, caplog):
+    """A third client lies every round; it is refused (named by its partition id), and
+    the global readout is exact pooled FQI on the two honest clients' shards."""
+    # mutation checked: _screen_statistics returning [None] * n lets every lie through
+    # (the readout is then far from the honest pooled fit); dropping the claim cap lets
+    # the 1e12 claim through
+    cfg = RunConfig(hd_dim=120, episodes_per_client=3, strategy="exact", num_server_rounds=3,
+                    eval_episodes=1, output_dir=str(tmp_path / "out"))
+    grid = InProcessGrid([client_app, client_app, _lying_app(alter)],
+                         run_config=cfg.to_run_config())
+    _, out_dir = run_federation(grid, cfg)
+    federated = np.load(out_dir / "final_model.npz")["readout"]
+    rows = [json.loads(line) for line in (out_dir / "rounds.jsonl").read_text().splitlines()]
+    assert all(r[C.REPLIES_OK] == 2 and r[C.REPLIES_REJECTED] == 1 for r in rows)
+    assert "(partition-id 2)" in caplog.text
+    spec = get_spec(cfg.env_id)
+    shards = [client_shard(cfg.env_id, cfg.partition, i, 3, cfg.episodes_per_client, cfg.seed)
+              for i in range(2)]
+    enc = shared_encoder_params(cfg.seed, cfg.hd_dim, cfg.bandwidth).build(spec.obs_bound)
+    ref = FQILearner(pooled(shards), enc, spec.n_actions, cfg.gamma, cfg.ridge, proximal=0.0)
+    ref.train(cfg.num_server_rounds, start=np.zeros_like(federated))
+    assert np.abs(federated - ref.readout).max() / np.abs(ref.readout).max() < 1e-8

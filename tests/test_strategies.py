@@ -65,22 +65,6 @@ def test_latest_aggregate_keeps_the_replies_of_nodes_not_sampled():
         FedQHDAvg(aggregate="everything")
 
 
-def test_latest_aggregate_knows_a_restarted_node_by_its_partition_id():
-    def reply(node, pid, value):
-        return _reply(node, {C.READOUT: np.full((2, 1), float(value))},
-                      {C.NUM_TRANSITIONS: 10, C.PARTITION_ID: pid})
-
-    s = FedQHDAvg(aggregate="latest", readout_shape=(2, 1))
-    s.aggregate_train(1, [reply(1, 0, 0.0), reply(2, 1, 4.0)])
-    # node 2 has left the federation; partition 1 comes back under node id 7: it
-    # replaces its old reply, not adds to it
-    s.identities.set_connected([1, 7])
-    arrays, metrics = s.aggregate_train(2, [reply(7, 1, 2.0)])
-    np.testing.assert_allclose(arrays[C.READOUT].numpy(), (0.0 + 2.0) / 2)
-    assert C.PARTITION_ID not in metrics  # a mean of ids is not reported
-    assert metrics[C.CLIENTS_AVERAGED] == 2 and metrics[C.REPLIES_IDENTITY_REFUSED] == 0
-
-
 def test_bad_replies_are_left_out_and_counted(caplog):
     good = np.full((3, 2), 2.0)
     nan = good.copy()

@@ -29,6 +29,7 @@ from fedqhd.anchors import make_anchors
 from fedqhd.config import FEATURE_DTYPES, RunConfig
 from fedqhd.data import Shard, ShardLimits, client_shard
 from fedqhd.encoders import (
+    MAX_FEATURE_SQ_NORM,
     EncoderParams,
     HDEncoder,
     heterogeneous_encoder_params,
@@ -496,6 +497,7 @@ class FQI:
         readout_kwargs = {k: v for k, v in strategy_kwargs.items() if k != "min_evaluate_nodes"}
         if cfg.resolved_strategy == "exact":
             exact = FedQHDExact(cfg.hd_dim, spec.n_actions, cfg.gamma, cfg.ridge,
+                                max_feature_sq_norm=MAX_FEATURE_SQ_NORM,
                                 fraction_evaluate=0.0, **readout_kwargs)
             return ServerPlan(exact, initial, evaluate, {"readout-shape": shape})
         # ADMM's consensus is over all clients: keep every node's latest reply
@@ -532,7 +534,8 @@ class FQI:
                        else None)
             stats, extra = learner.exact_statistics(arrays[C.READOUT], int(have), bool(want),
                                                     q_range)  # type: ignore[arg-type]
-            return stats, {**metrics, **extra}
+            # the partition id names the client in the server's log lines (a label only)
+            return stats, {**metrics, **extra, C.PARTITION_ID: partition(context)[0]}
         if C.READOUT in arrays and uses_admm(cfg):
             # identifies the client to the server's latest-reply memory across node restarts
             metrics[C.PARTITION_ID] = partition(context)[0]

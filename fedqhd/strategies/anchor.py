@@ -7,8 +7,9 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
+from flwr.serverapp import Grid
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
@@ -86,6 +87,14 @@ class FedQHDAnchor(FunctionSpaceStrategy):
                              f"checkpoint's {anchors.shape}: was the anchor file changed?")
         super().restore_state(state)
 
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        # replies are measured from the teacher they start from (none in round 1: zero)
+        self.reference.center = (arrays[C.TEACHER].numpy().astype(np.float64)
+                                 if C.TEACHER in arrays else None)
+        return super().configure_train(server_round, arrays, config, grid)
+
     def summary(self) -> None:
         super().summary()
         log(INFO, "\t└──> Anchors: %d states of dimension %d", *self.anchors.shape)
@@ -95,7 +104,7 @@ class FedQHDAnchor(FunctionSpaceStrategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         screened = self._screen("train", server_round, replies, C.Q_ANCHORS,
                                 (len(self.anchors), self.n_values))
-        self._bind_identities(screened, server_round)
+        self._record_clients(screened, server_round)
         for node, metrics in zip(screened.nodes, screened.metrics, strict=True):
             residual = metrics.get(C.PROJECTION_RESIDUAL)
             if residual is not None:

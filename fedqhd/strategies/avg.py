@@ -13,7 +13,6 @@ from flwr.serverapp import Grid
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
-from .identity import ClientKey
 
 AGGREGATES = ("sampled", "latest")
 
@@ -38,7 +37,7 @@ class FedQHDAvg(FunctionSpaceStrategy):
     aggregate : {"sampled", "latest"}
         Average this round's accepted replies (default, FedAvg), or every client's
         latest accepted reply, a stale one for clients not sampled this round (a
-        client is its ``partition-id`` reply metric if it sends one, else its node).
+        client is its node id, see :mod:`~fedqhd.strategies.identity`).
         Consensus ADMM needs ``"latest"`` under node sampling: its consensus is
         the mean over all clients, and averaging only the sampled ones' dual-
         shifted readouts biases it (measured in BENCHMARKS.md). Equal to
@@ -58,11 +57,10 @@ class FedQHDAvg(FunctionSpaceStrategy):
         ``aggregation``, ``trim_fraction``, ``clip_factor``, ``norm_bound_factor``,
         ``weight_cap_factor``, ``stale_rounds``, ``node_wait_timeout``: see
         :class:`~fedqhd.strategies.base.FunctionSpaceStrategy`. With
-        ``aggregate="latest"`` a client's partition id is bound to the node that first
-        sent it; a second node claiming it, or a node switching ids, is refused
-        (``replies-identity-refused``), and a client's stored reply ages out after
-        ``stale_rounds`` rounds without an accepted reply. ``clients-averaged`` says
-        how many clients the aggregate holds.
+        ``aggregate="latest"`` a client's stored reply (the clipped one, if it was
+        clipped) ages out after ``stale_rounds`` rounds without an accepted reply or
+        when its node leaves. ``clients-averaged`` says how many clients the aggregate
+        holds.
 
     Notes
     -----
@@ -86,11 +84,11 @@ class FedQHDAvg(FunctionSpaceStrategy):
         self.aggregate = aggregate
         self.array_key = array_key
         self.readout_shape = None if readout_shape is None else tuple(readout_shape)
-        #: client key -> (readout, weight) of its latest accepted reply (aggregate="latest")
-        self._latest: dict[ClientKey, tuple[np.ndarray, float]] = {}
+        #: node id -> (readout, weight) of its latest accepted reply (aggregate="latest")
+        self._latest: dict[int, tuple[np.ndarray, float]] = {}
         #: after a resume: clients whose stored reply is sent with every train message until
         #: they reply (the memory an ADMM client lost with its process)
-        self._owed: set[ClientKey] = set()
+        self._owed: set[int] = set()
 
     def summary(self) -> None:
         super().summary()
@@ -104,7 +102,8 @@ class FedQHDAvg(FunctionSpaceStrategy):
         super().restore_state(state)
         shape = state["readout-shape"]
         self.readout_shape = None if shape is None else tuple(shape)
-        self._latest = {key: (np.asarray(a), float(w)) for key, (a, w) in state["latest"].items()}
+        self._latest = {int(node): (np.asarray(a), float(w))
+                        for node, (a, w) in state["latest"].items()}
         self._owed = set(self._latest)
 
     def configure_train(
@@ -114,6 +113,7 @@ class FedQHDAvg(FunctionSpaceStrategy):
             raise ValueError(f"FedQHDAvg needs the global '{self.array_key}' array in its "
                              f"ArrayRecord; got keys {list(arrays.keys())}")
         self.readout_shape = tuple(arrays[self.array_key].shape)
+        self.reference.center = arrays[self.array_key].numpy().astype(np.float64)
         messages = list(super().configure_train(server_round, arrays, config, grid))
         if self._owed:
             messages = [self._with_last_reply(msg, arrays) for msg in messages]
@@ -124,11 +124,10 @@ class FedQHDAvg(FunctionSpaceStrategy):
         after a resume ADMM clients get their memory back (their dual is their last reply
         minus the global readout)."""
         node = msg.metadata.dst_node_id
-        key = self.identities.key_of.get(node)
-        if key is None or key not in self._owed or key not in self._latest:
+        if node not in self._owed or node not in self._latest:
             return msg
         record = C.to_array_record({self.array_key: arrays[self.array_key].numpy(),
-                                    C.LAST_REPLY: self._latest[key][0]})
+                                    C.LAST_REPLY: self._latest[node][0]})
         content = RecordDict({C.ARRAYS: record, C.CONFIG: msg.content[C.CONFIG]})
         return Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node)
 
@@ -137,16 +136,14 @@ class FedQHDAvg(FunctionSpaceStrategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         screened = self._screen("train", server_round, replies, self.array_key,
                                 self.readout_shape)
-        keys = self._bind_identities(screened, server_round)
+        nodes = self._record_clients(screened, server_round)
         if self.aggregate == "latest":
-            # a client is its partition id where it sends one (a restarted SuperNode may
-            # come back under a new node id), else its node id; bound to its node
-            for key, array, weight in zip(keys, screened.arrays, screened.weights,
-                                          strict=True):
-                self._latest[key] = (array, weight)
-                self._owed.discard(key)  # it replied: it holds its memory again
-            for key in [k for k in self._latest if k not in self.identities.owner]:
-                del self._latest[key]  # silent for stale_rounds rounds: aged out
+            for node, array, weight in zip(nodes, screened.arrays, screened.weights,
+                                           strict=True):
+                self._latest[node] = (array, weight)
+                self._owed.discard(node)  # it replied: it holds its memory again
+            for node in [n for n in self._latest if n not in self.identities.last_seen]:
+                del self._latest[node]  # silent for stale_rounds rounds, or left: aged out
         metrics = screened.round_metrics()
         self.last_client_metrics = screened.per_node_metrics()
         if not screened.arrays:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
 import numpy as np
@@ -17,8 +17,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from . import contract as C
-from .identity import IdentityRegistry, client_key
-from .screening import Safeguards, ScreenedReplies, Shape, describe, screen_replies
+from .identity import IdentityRegistry
+from .screening import Reference, Safeguards, ScreenedReplies, Shape, screen_replies
 
 WEIGHTINGS = ("transitions", "uniform")
 
@@ -54,12 +54,12 @@ class FunctionSpaceStrategy(FedAvg):
         set it > 0 when the ClientApp answers ``evaluate`` messages.
     aggregation, trim_fraction, clip_factor, norm_bound_factor, weight_cap_factor
         The screening safeguards and aggregation rule, see
-        :class:`~fedqhd.strategies.screening.Safeguards` (defaults: weighted mean, norm
-        bound 10 x the round's median reply norm, weight cap 3 x the median claim).
+        :class:`~fedqhd.strategies.screening.Safeguards` (defaults: weighted mean of
+        replies clipped at 3 x the deviation scale from the previous global model,
+        refused beyond 10 x, weights capped at 10 x the median claim).
     stale_rounds : int
-        A client's identity binding (and, in ``FedQHDAvg(aggregate="latest")``, its
-        stored reply) expires after this many rounds without an accepted reply;
-        0: never.
+        A client (a node id) is forgotten, and in ``FedQHDAvg(aggregate="latest")`` its
+        stored reply dropped, after this many rounds without an accepted reply; 0: never.
     node_wait_timeout : float
         Seconds to wait for ``min_available_nodes`` before a round (Flower's ``FedAvg``
         waits forever); then :class:`NodeWaitTimeout` is raised.
@@ -79,9 +79,9 @@ class FunctionSpaceStrategy(FedAvg):
         *,
         aggregation: str = "mean",
         trim_fraction: float = 0.1,
-        clip_factor: float = 1.0,
+        clip_factor: float = 3.0,
         norm_bound_factor: float = 10.0,
-        weight_cap_factor: float = 3.0,
+        weight_cap_factor: float = 10.0,
         stale_rounds: int = 10,
         node_wait_timeout: float = 300.0,
         evaluate_rounds: Callable[[int], bool] | None = None,
@@ -108,6 +108,8 @@ class FunctionSpaceStrategy(FedAvg):
         self.weighting = weighting
         self.safeguards = Safeguards(aggregation, trim_fraction, clip_factor,
                                      norm_bound_factor, weight_cap_factor)
+        #: the center (the global model sent) and scale train replies are measured against
+        self.reference = Reference()
         self.node_wait_timeout = float(node_wait_timeout)
         #: which rounds send evaluate messages (None: every round)
         self.evaluate_rounds = evaluate_rounds
@@ -124,11 +126,13 @@ class FunctionSpaceStrategy(FedAvg):
         """Everything this strategy remembers between rounds that a later round depends on
         (arrays, numbers, strings, tuples, lists, dicts), for the run's checkpoint;
         subclasses with more memory extend it."""
-        return {"identities": self.identities.checkpoint_state()}
+        return {"identities": self.identities.checkpoint_state(),
+                "reference-scale": self.reference.scale}
 
     def restore_state(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`checkpoint_state` (a resumed run)."""
         self.identities.restore_state(state["identities"])
+        self.reference.scale = state["reference-scale"]
 
     @property
     def aggregation(self) -> str:
@@ -141,10 +145,11 @@ class FunctionSpaceStrategy(FedAvg):
         if self.fraction_evaluate == 0.0:
             log(INFO, "\t└──> Federated evaluation: off (fraction_evaluate = 0; pass "
                 "fraction_evaluate > 0 if the ClientApp answers evaluate messages)")
-        log(INFO, "\t└──> Aggregation: %s (trim %g, clip %g x median norm); norm bound %s; "
-            "weight cap %s; identities expire after %s silent rounds; node wait %gs",
-            g.aggregation, g.trim_fraction, g.clip_factor,
-            f"{g.norm_bound_factor:g} x median norm" if g.norm_bound_factor else "off",
+        log(INFO, "\t└──> Aggregation: %s (trim %g); clipping %s; norm bound %s (distances "
+            "from the previous global model); weight cap %s; silent clients forgotten after "
+            "%s rounds; node wait %gs", g.aggregation, g.trim_fraction,
+            f"{g.clip_factor:g} x deviation scale" if g.clip_factor else "off",
+            f"{g.norm_bound_factor:g} x deviation scale" if g.norm_bound_factor else "off",
             f"{g.weight_cap_factor:g} x median claim" if g.weight_cap_factor else "off",
             self.identities.stale_rounds or "never", self.node_wait_timeout)
 
@@ -203,27 +208,19 @@ class FunctionSpaceStrategy(FedAvg):
                 ) -> ScreenedReplies:
         sampled, self._sampled[stage] = self._sampled[stage], None
         label = f"{type(self).__name__} {stage} round {server_round}"
+        reference = self.reference if stage == "train" and array_key is not None else None
         return screen_replies(replies, array_key, expected_shape, self.weighting == "uniform",
-                              label, self.safeguards, sampled, self.identities.key_of)
+                              label, self.safeguards, sampled, self.identities.key_of,
+                              reference)
 
-    def _bind_identities(self, screened: ScreenedReplies, server_round: int) -> list[tuple]:
-        """Refuse (and count) replies whose client key is forged or switched; returns the
-        accepted replies' client keys, in order; then expires silent bindings."""
-        keys = []
-        for i in reversed(range(len(screened.nodes))):
-            node, metrics = screened.nodes[i], screened.metrics[i]
-            key = client_key(node, metrics, C.PARTITION_ID)
-            reason = self.identities.claim(node, key, server_round)
-            if reason is not None:
-                log(WARNING, "%s train round %d: reply of %s refused: %s", type(self).__name__,
-                    server_round, describe(node, metrics), reason)
-                screened.drop(i)
-                screened.identity_refused += 1
-                continue
-            keys.append(key)
-        keys.reverse()
+    def _record_clients(self, screened: ScreenedReplies, server_round: int) -> list[int]:
+        """Note the accepted replies' nodes (a client is its node id; a claimed partition
+        id is only a label), forget silent or departed ones; returns the nodes."""
+        label = f"{type(self).__name__} train round {server_round}"
+        for node, metrics in zip(screened.nodes, screened.metrics, strict=True):
+            self.identities.seen(node, metrics.get(C.PARTITION_ID), server_round, label)
         self.identities.expire(server_round)
-        return keys
+        return list(screened.nodes)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

@@ -95,13 +95,13 @@ REPLIES_RECEIVED = "replies-received"        #: round metric: replies that came 
 REPLIES_TIMED_OUT = "replies-timed-out"      #: round metric: sampled - received (lost, late)
 REPLIES_NORM_REFUSED = "replies-norm-refused"  #: round metric: rejected for their norm
 REPLIES_WEIGHT_CAPPED = "replies-weight-capped"  #: round metric: kept with a capped weight
-REPLIES_IDENTITY_REFUSED = "replies-identity-refused"  #: round: forged or switched client ids
+REPLIES_CLIPPED = "replies-clipped"          #: round metric: pulled back to the clip radius
 CLIENTS_AVERAGED = "clients-averaged"        #: round metric: clients in the aggregate
 METRICS_MISSING = "metrics-missing"          #: round metric: metric keys some replies omitted
 #: the reply counts of a round; evaluation reports them prefixed ``evaluate-``
 REPLY_COUNTS = (REPLIES_SAMPLED, REPLIES_RECEIVED, REPLIES_OK, REPLIES_FAILED, REPLIES_REJECTED,
                 REPLIES_TIMED_OUT, REPLIES_NORM_REFUSED, REPLIES_WEIGHT_CAPPED,
-                REPLIES_IDENTITY_REFUSED, CLIENTS_AVERAGED)
+                REPLIES_CLIPPED, CLIENTS_AVERAGED)
 EVALUATE_PREFIX = "evaluate-"
 #: the round metrics that evaluation reports prefixed ``evaluate-`` (counts, not results)
 EVALUATE_PREFIXED = (*REPLY_COUNTS, *SIZE_KEYS, METRICS_MISSING)

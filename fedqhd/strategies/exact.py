@@ -26,6 +26,23 @@ targets are then the rewards, inside every range that contains them), so that ro
 already sweeps. A non-zero first readout makes round 1 a statistics-only round (the
 readout comes back unchanged) and sweeps start in round 2.
 
+Screening. Besides the checks every strategy makes (:mod:`.screening`), each reply's
+statistics must be consistent with themselves and with what the server already holds of
+its node (a client is its node id, :mod:`.identity`), checks that every honest reply
+passes exactly:
+
+* ``action-counts`` sum to ``gram-through``, never decrease, and ``num-transitions`` is
+  ``gram-through`` (a client claims the size of its statistics, nothing else);
+* that size is at most ``weight_cap_factor`` x the median size of the clients (a claim of
+  1e12 transitions is refused, not capped: a Gram cannot be reweighted afterwards);
+* a Gram's diagonal is >= 0 and, with ``max_feature_sq_norm`` (2 for fedqhd's encoders,
+  ``||phi||^2 <= 2``), each action's trace at most that times its new transitions;
+* ``phi-y`` obeys Cauchy-Schwarz against the node's own Gram diagonal and counts,
+  ``|(Phi_a^T y_a)_j| <= sqrt(G_a[j, j] n_a) max|y|``, where targets are bounded: in the
+  pooled value range (``bounded``), or the client's rewards while the readout is zero.
+  Otherwise (unbounded targets, or no feature bound) a reply whose per-transition norm is
+  above ``norm_bound_factor`` x the round's median is refused.
+
 Exactness needs every client's ``phi-y`` every round. A client that fails a round keeps
 its Gram in the system and its previous ``phi-y`` is used (counted in ``exact-stale``):
 the sweep is then no longer exactly pooled FQI. Clients are keyed by node id.
@@ -33,7 +50,9 @@ the sweep is then no longer exactly pooled FQI. Clients are keyed by node id.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
@@ -49,10 +68,10 @@ from .base import FunctionSpaceStrategy, global_readout
 from .screening import (
     ScreenedReplies,
     _check,
+    decode_action_counts,
     decode_array,
     decode_reward_range,
     describe,
-    reply_size,
 )
 
 
@@ -72,13 +91,21 @@ class FedQHDExact(FunctionSpaceStrategy):
     bounded : bool
         Keep targets in the pooled value range (default), as ``RidgeFQI`` does with
         ``value_range="data"``; ``False``: unbounded targets.
+    max_feature_sq_norm : float, optional
+        A bound on ``||phi(s)||^2`` every feature vector obeys (fedqhd's HD encoders: 2),
+        checked against each Gram's trace; None: unknown (a relative check instead).
     weighting, fraction_train, fraction_evaluate, min_*_nodes
         As in :class:`FedQHDAvg`; ``weighting`` only weights the round's reply metrics.
         Exactness needs ``fraction_train = 1``.
+    **safeguards
+        ``norm_bound_factor`` and ``weight_cap_factor`` as above (0: that check off),
+        ``stale_rounds``, ``node_wait_timeout``; ``aggregation`` must be ``"mean"``
+        and clipping does not apply (statistics are summed, not averaged).
     """
 
     def __init__(self, dim: int, n_actions: int, gamma: float, ridge: float,
                  proximal: float = 0.0, bounded: bool = True,
+                 max_feature_sq_norm: float | None = None,
                  weighting: str = "transitions", fraction_train: float = 1.0,
                  fraction_evaluate: float = 0.0, min_train_nodes: int = 2,
                  min_evaluate_nodes: int = 2, min_available_nodes: int = 2,
@@ -94,10 +121,15 @@ class FedQHDExact(FunctionSpaceStrategy):
         self.dim, self.n_actions = int(dim), int(n_actions)
         self.gamma, self.ridge, self.proximal = float(gamma), float(ridge), float(proximal)
         self.bounded = bool(bounded)
+        if max_feature_sq_norm is not None and not max_feature_sq_norm > 0:
+            raise ValueError(f"max_feature_sq_norm must be > 0, got {max_feature_sq_norm}")
+        self.max_feature_sq_norm = max_feature_sq_norm
         self._grams = np.zeros((self.n_actions, self.dim, self.dim))
         self._have: dict[int, int] = {}               # node -> transitions in _grams
         self._rhs: dict[int, np.ndarray] = {}         # node -> its latest phi-y
         self._extremes: dict[int, np.ndarray] = {}    # node -> its reward [min, max]
+        self._diag: dict[int, np.ndarray] = {}        # node -> its Gram diagonals (A, D)
+        self._counts: dict[int, np.ndarray] = {}      # node -> its action counts (A,)
         self._systems: GramSystems | None = None
         self._prior: np.ndarray | None = None
         self._readout: np.ndarray | None = None
@@ -113,6 +145,7 @@ class FedQHDExact(FunctionSpaceStrategy):
     def checkpoint_state(self) -> dict[str, Any]:
         return {**super().checkpoint_state(), "grams": self._grams, "have": dict(self._have),
                 "rhs": dict(self._rhs), "extremes": dict(self._extremes),
+                "diag": dict(self._diag), "counts": dict(self._counts),
                 "prior": self._prior, "readout": self._readout, "want-rhs": self._want_rhs}
 
     def restore_state(self, state: dict[str, Any]) -> None:
@@ -125,6 +158,8 @@ class FedQHDExact(FunctionSpaceStrategy):
         self._have = {int(k): int(v) for k, v in state["have"].items()}
         self._rhs = {int(k): np.asarray(v) for k, v in state["rhs"].items()}
         self._extremes = {int(k): np.asarray(v) for k, v in state["extremes"].items()}
+        self._diag = {int(k): np.asarray(v) for k, v in state["diag"].items()}
+        self._counts = {int(k): np.asarray(v) for k, v in state["counts"].items()}
         self._prior, self._readout = state["prior"], state["readout"]
         self._want_rhs = bool(state["want-rhs"])
         self._systems = None  # refactored from the Grams when next needed
@@ -169,44 +204,39 @@ class FedQHDExact(FunctionSpaceStrategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         label = f"FedQHDExact round {server_round}"
         sampled, self._sampled["train"] = self._sampled["train"], None
-        screened = ScreenedReplies(label=label, sampled=sampled)
+        screened = ScreenedReplies(label=label, sampled=sampled, safeguards=self.safeguards)
         known = self.identities.key_of
-        replied: set[int] = set()
+        candidates: list[_Statistics] = []
         for msg in replies:
             if screened.receive(msg, known):
                 continue
             node = msg.metadata.src_node_id
             reason, rhs, metrics = _check(msg, C.PHI_Y if self._want_rhs else None,
                                           (self.dim, self.n_actions))
-            gram, extremes = None, None
+            stats = None
             if reason is None:
-                reason, gram, extremes = self._check_statistics(msg, node, metrics)
-            if reason is not None:
-                screened.rejected += 1
-                log(WARNING, "%s: reply of %s left out: %s", label,
-                    describe(node, metrics, known), reason)
+                reason, stats = self._decode_statistics(msg, node, metrics, rhs)
+            if reason is not None or stats is None:
+                self._refuse(screened, node, metrics, reason, known)
                 continue
-            if gram is not None:
-                self._grams += C.unpack_upper(gram, self.dim)
-                self._have[node] = int(metrics[C.GRAM_THROUGH])
-                self._systems = None
-            assert extremes is not None  # checked above
-            self._extremes[node] = extremes
-            if rhs is not None:
-                self._rhs[node] = rhs
-            replied.add(node)
-            metrics.pop(C.GRAM_THROUGH, None)  # a count per client, not a round mean
-            screened.metrics.append(metrics)
-            screened.nodes.append(node)
-            size = reply_size(metrics)
-            assert size is not None  # _check refuses a reply without one
-            screened.weights.append(1.0 if self.weighting == "uniform" else float(size[1]))
+            candidates.append(stats)
+        for stats, reason in zip(candidates, self._screen_statistics(candidates),
+                                 strict=True):
+            if reason is not None:
+                self._refuse(screened, stats.node, stats.metrics, reason, known)
+                screened.norm_refused += 1
+                continue
+            self._accept(stats)
+            screened.metrics.append(stats.metrics)
+            screened.nodes.append(stats.node)
+            screened.weights.append(1.0 if self.weighting == "uniform" else stats.through)
         log(INFO, "%s: %d replies aggregated, %d failed, %d rejected", label,
             len(screened.metrics), screened.failed, screened.rejected)
+        self._record_clients(screened, server_round)
         metrics_out = screened.round_metrics()
         in_system = [node for node, n in self._have.items() if n > 0]
         metrics_out[C.EXACT_CLIENTS] = len(in_system)
-        metrics_out[C.EXACT_STALE] = sum(node not in replied for node in in_system)
+        metrics_out[C.EXACT_STALE] = sum(node not in screened.nodes for node in in_system)
         self.last_train_metrics = metrics_out
         self.last_client_metrics = screened.per_node_metrics()
         if not screened.metrics or self._readout is None:
@@ -220,6 +250,88 @@ class FedQHDExact(FunctionSpaceStrategy):
         readout = self._systems.solve(rhs_total, self._prior)
         return C.to_array_record({C.READOUT: readout}), metrics_out
 
+    @staticmethod
+    def _refuse(screened: ScreenedReplies, node: int, metrics: Any, reason: str | None,
+                known: Any) -> None:
+        screened.rejected += 1
+        log(WARNING, "%s: reply of %s left out: %s", screened.label,
+            describe(node, metrics, known), reason)
+
+    def _accept(self, stats: _Statistics) -> None:
+        node = stats.node
+        if stats.gram is not None:
+            self._grams += C.unpack_upper(stats.gram, self.dim)
+            self._have[node] = int(stats.through)
+            self._diag[node] = stats.diag
+            self._counts[node] = stats.counts
+            self._systems = None
+        self._extremes[node] = stats.extremes
+        if stats.rhs is not None:
+            self._rhs[node] = stats.rhs
+        stats.metrics.pop(C.GRAM_THROUGH, None)  # a count per client, not a round mean
+
+    def _screen_statistics(self, candidates: list[_Statistics]) -> list[str | None]:
+        """The claim cap and the norm checks over the round's decoded replies; the reason
+        each is refused, or None."""
+        guards = self.safeguards
+        sizes = {node: float(n) for node, n in self._have.items() if n > 0}
+        sizes.update({s.node: s.through for s in candidates})
+        cap = (guards.weight_cap_factor * float(np.median(list(sizes.values())))
+               if guards.weight_cap_factor and len(sizes) >= 2 else math.inf)
+        relative: dict[str, list[float]] = {"trace": [], "rhs": []}
+        for s in candidates:
+            if s.gram is not None and self.max_feature_sq_norm is None:
+                relative["trace"].append(s.trace_per_transition)
+            if s.rhs is not None and self._target_bound(s) is None:
+                relative["rhs"].append(float(np.linalg.norm(s.rhs)) / s.through)
+        bounds = {key: guards.norm_bound_factor * float(np.median(values))
+                  for key, values in relative.items()
+                  if guards.norm_bound_factor and len(values) >= 2}
+        reasons: list[str | None] = []
+        for s in candidates:
+            reason = None
+            if s.through > cap:
+                reason = (f"claims {s.through:.4g} transitions, above {cap:.4g} "
+                          f"({guards.weight_cap_factor:g} x the clients' median)")
+            elif s.gram is not None and self.max_feature_sq_norm is not None:
+                limit = self.max_feature_sq_norm * s.new_counts
+                if np.any(s.traces > limit * (1 + 1e-6) + 1e-9):
+                    reason = (f"a Gram trace above {self.max_feature_sq_norm:g} x its new "
+                              "transitions (max_feature_sq_norm)")
+            elif s.gram is not None and "trace" in bounds and \
+                    s.trace_per_transition > bounds["trace"]:
+                reason = (f"Gram trace per transition {s.trace_per_transition:.4g} above "
+                          f"{bounds['trace']:.4g} ({guards.norm_bound_factor:g} x the median)")
+            if reason is None and s.rhs is not None:
+                reason = self._check_rhs(s, bounds.get("rhs"))
+            reasons.append(reason)
+        return reasons
+
+    def _check_rhs(self, s: _Statistics, bound: float | None) -> str | None:
+        """Cauchy-Schwarz where targets are bounded, else the relative ``bound``."""
+        assert s.rhs is not None
+        y_max = self._target_bound(s)
+        if y_max is not None:
+            limit = np.sqrt(np.maximum(s.diag, 0.0) * s.counts[:, None]).T * y_max
+            if np.any(np.abs(s.rhs) > limit * (1 + 1e-6) + 1e-9):
+                return ("'phi-y' above its Cauchy-Schwarz bound sqrt(G_jj n_a) max|y|: "
+                        "inconsistent with the client's own Gram and counts")
+        elif bound is not None and float(np.linalg.norm(s.rhs)) / s.through > bound:
+            return (f"'phi-y' per transition above {bound:.4g} "
+                    f"({self.safeguards.norm_bound_factor:g} x the median)")
+        return None
+
+    def _target_bound(self, s: _Statistics) -> float | None:
+        """max |y| of every honest target of ``s``'s client this round, where known: its
+        rewards while the readout is zero (y = r), else the pooled value range (bounded
+        targets); None for unbounded targets."""
+        if self._readout is not None and not self._readout.any():
+            return float(np.abs(s.extremes).max())
+        q_range = self.q_range
+        if self.bounded and q_range is not None:
+            return float(max(abs(q_range[0]), abs(q_range[1])))
+        return None
+
     def _check_resumed_nodes(self, connected: set[int]) -> None:
         """Clients are keyed by node id: a resumed run whose nodes came back under other
         ids would add their Grams a second time, so it stops instead."""
@@ -230,26 +342,75 @@ class FedQHDExact(FunctionSpaceStrategy):
                              f"{sorted(connected)}); nodes that return under new ids would "
                              "be counted twice. Start the run again")
 
-    def _check_statistics(self, msg: Message, node: int, metrics: dict[str, float]
-                          ) -> tuple[str | None, np.ndarray | None, np.ndarray | None]:
-        """(reason or None, packed Gram or None, reward extremes) of a reply."""
+    def _decode_statistics(self, msg: Message, node: int, metrics: dict[str, float],
+                           rhs: np.ndarray | None) -> tuple[str | None, _Statistics | None]:
+        """(reason, None) or (None, the reply's statistics), checked against themselves
+        and what the server holds of ``node``."""
         record = msg.content.get(C.ARRAYS)
         reason, extremes = decode_reward_range(record)
-        if reason is not None:
-            return reason, None, None
+        if reason is not None or extremes is None:
+            return reason, None
         assert isinstance(record, ArrayRecord)  # decode_reward_range refuses anything else
+        reason, counts = decode_action_counts(record, self.n_actions)
+        if reason is not None or counts is None:
+            return reason, None
+        have = self._have.get(node, 0)
+        through = metrics.get(C.GRAM_THROUGH)
+        if through is None or through < have or (C.GRAM in record) != (through > have):
+            return (f"'{C.GRAM_THROUGH}' missing, below the {have} transitions already held, "
+                    f"or inconsistent with the '{C.GRAM}' sent"), None
+        if abs(float(counts.sum()) - through) > 0.5:
+            return (f"'{C.ACTION_COUNTS}' sum to {counts.sum():.6g}, not "
+                    f"'{C.GRAM_THROUGH}' {through:.6g}"), None
+        previous = self._counts.get(node, np.zeros(self.n_actions))
+        if np.any(counts < previous):
+            return f"'{C.ACTION_COUNTS}' fell below the counts the server holds", None
+        claim = metrics.get(C.NUM_TRANSITIONS, metrics.get(C.NUM_EXAMPLES))
+        if claim != through:
+            return (f"claims {claim!r} transitions, but its statistics hold {through:.6g} "
+                    f"('{C.GRAM_THROUGH}')"), None
+        stats = _Statistics(node, metrics, float(through), extremes, counts, rhs,
+                            diag=self._diag.get(node, np.zeros((self.n_actions, self.dim))),
+                            new_counts=counts - previous)
         if C.GRAM not in record:
-            if self._have.get(node, 0) == 0:
-                return f"no '{C.GRAM}' from a client whose Gram the server lacks", None, None
-            return None, None, extremes
+            return None, stats
         expected = (self.n_actions, self.dim * (self.dim + 1) // 2)
         reason, gram = decode_array(record[C.GRAM], expected)
         if reason is not None or gram is None:
-            return f"'{C.GRAM}': {reason}", None, None
+            return f"'{C.GRAM}': {reason}", None
         if not np.all(np.isfinite(gram)):
-            return f"'{C.GRAM}' holds non-finite values", None, None
-        through = metrics.get(C.GRAM_THROUGH)
-        if through is None or through <= self._have.get(node, 0):
-            return (f"'{C.GRAM_THROUGH}' missing or not beyond the {self._have.get(node, 0)} "
-                    f"transitions already held"), None, None
-        return None, gram, extremes
+            return f"'{C.GRAM}' holds non-finite values", None
+        diag = gram[:, _diagonal_positions(self.dim)]
+        if np.any(diag < 0):
+            return f"'{C.GRAM}' has a negative diagonal entry (no Gram has)", None
+        stats.gram, stats.diag = gram, stats.diag + diag
+        stats.traces = diag.sum(axis=1)
+        return None, stats
+
+
+def _diagonal_positions(dim: int) -> np.ndarray:
+    """Where :func:`~fedqhd.gram.pack_upper` puts the diagonal of a (D, D) matrix."""
+    i = np.arange(dim)
+    return i * dim - i * (i - 1) // 2
+
+
+@dataclass
+class _Statistics:
+    """One decoded FedQHDExact reply: its statistics and what they are checked by."""
+
+    node: int
+    metrics: dict[str, float]
+    through: float
+    extremes: np.ndarray
+    counts: np.ndarray
+    rhs: np.ndarray | None
+    #: the node's Gram diagonals (A, D) with this reply's added
+    diag: np.ndarray
+    #: transitions per action this reply's Gram adds
+    new_counts: np.ndarray
+    gram: np.ndarray | None = None
+    traces: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def trace_per_transition(self) -> float:
+        return float(self.traces.sum()) / max(float(self.new_counts.sum()), 1.0)

@@ -44,7 +44,7 @@ class FedQHDIndependent(FunctionSpaceStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         screened = self._screen("train", server_round, replies, None, None)
-        self._bind_identities(screened, server_round)
+        self._record_clients(screened, server_round)
         self.last_train_metrics = screened.round_metrics()
         self.last_train_metrics[C.CLIENTS_AVERAGED] = 0
         self.last_client_metrics = screened.per_node_metrics()

@@ -48,7 +48,13 @@ from fedqhd.gram import pooled_solve, pooled_systems
 
 from . import contract as C
 from .base import FunctionSpaceStrategy, global_readout
-from .screening import ScreenedReplies, _check, decode_array, decode_reward_range, describe
+from .screening import (
+    ScreenedReplies,
+    _check,
+    decode_action_counts,
+    decode_reward_range,
+    describe,
+)
 
 
 @dataclass
@@ -127,11 +133,12 @@ class FedQHDPooled(FunctionSpaceStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         screened, parties = self._screen_statistics(server_round, replies)
-        keys = self._bind_identities(screened, server_round)
+        nodes = self._record_clients(screened, server_round)
         metrics = screened.round_metrics()
         self.last_client_metrics = screened.per_node_metrics()
-        accepted = dict(zip(screened.nodes, keys, strict=True))
-        # summed in client-key order (partition ids), as the bench sums its clients
+        # summed in the order of the partition ids the nodes claim (a label, used only for
+        # the order), as the bench sums its clients
+        accepted = {node: (self.identities.labels.get(node, node), node) for node in nodes}
         pool = sorted((p for p in parties if p.node in accepted), key=lambda p: accepted[p.node])
         readout, exchanges, dropped = (self._pooled_sweeps(server_round, pool)
                                        if pool and self._readout is not None else (None, 0, 0))
@@ -163,7 +170,7 @@ class FedQHDPooled(FunctionSpaceStrategy):
                 assert isinstance(record, ArrayRecord)  # _check read the Gram from it
                 reason, extremes = decode_reward_range(record)
                 if reason is None:
-                    reason, counts = _action_counts(record, self.n_actions)
+                    reason, counts = decode_action_counts(record, self.n_actions)
             if reason is not None or gram is None or extremes is None or counts is None:
                 screened.rejected += 1
                 log(WARNING, "%s: reply of %s left out: %s", label,
@@ -233,15 +240,3 @@ class FedQHDPooled(FunctionSpaceStrategy):
             for p in pool:  # in client order, as the bench sums
                 total += rhs_by_node[p.node]
         return total, failed
-
-
-def _action_counts(record: ArrayRecord, n_actions: int) -> tuple[str | None, np.ndarray | None]:
-    """``(None, counts)`` of a reply's ``action-counts`` (finite, >= 0), else a reason."""
-    if C.ACTION_COUNTS not in record:
-        return f"no '{C.ACTION_COUNTS}' array", None
-    reason, counts = decode_array(record[C.ACTION_COUNTS], (n_actions,))
-    if reason is not None or counts is None:
-        return f"'{C.ACTION_COUNTS}': {reason}", None
-    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
-        return f"'{C.ACTION_COUNTS}' must be finite and >= 0", None
-    return None, counts

@@ -7,19 +7,37 @@ object or pickled arrays are refused: no honest client sends them) whose bytes
 hold exactly the data its header claims and whose shape is the expected one,
 only finite values, and a finite positive size (``num-transitions``, or
 ``num-examples`` when it sends no ``num-transitions``). Every other reply is left
-out, logged with its reason under its node id (and its client's partition id: the
-one its metrics claim, else the one its node sent before) and counted in the round's
-metrics; the round goes on.
+out, logged with its reason under its node id (and the partition id its node claims)
+and counted in the round's metrics; the round goes on.
 
-Two safeguards are on by default (:class:`Safeguards`): a reply whose array norm
-is above ``norm_bound_factor`` times the median norm of the round's replies is
-refused (counted under ``replies-rejected`` and ``replies-norm-refused``), and a
-client's weight is capped at ``weight_cap_factor`` times the median claimed
-``num-transitions`` of the round (the reply is kept, counted under
-``replies-weight-capped``). The aggregation rule (:data:`AGGREGATIONS`) then
-combines the accepted arrays and the replies' numeric metrics: each metric over
-the replies that carry it (a metric some replies omit is named in a warning and
-counted in ``metrics-missing``; none is dropped), the sizes summed.
+Then the safeguards (:class:`Safeguards`), measured against a :class:`Reference` that a
+minority of clients cannot move: the global model the round started from (the
+*center*; zero before there is one) and a deviation *scale*, the median over the
+round's replies of their distance from the center, which may grow at most
+:data:`SCALE_GROWTH` times per round (a scale free to follow the replies is one that
+clients integrating an attacker's pull, as ADMM's duals do, inflate round after round):
+
+* a reply further than ``norm_bound_factor`` x scale from the center is refused
+  (``replies-rejected``, ``replies-norm-refused``);
+* a reply further than ``clip_factor`` x scale is pulled back onto that sphere
+  (``replies-clipped``): what the server aggregates, and what FedQHDAvg keeps as the
+  client's latest reply, is the clipped one;
+* a client's weight is capped at ``weight_cap_factor`` x the round's median claimed
+  size (``replies-weight-capped``).
+
+The aggregation rule (:data:`AGGREGATIONS`) then combines the accepted arrays and the
+replies' numeric metrics: each metric over the replies that carry it (a metric some
+replies omit is named in a warning and counted in ``metrics-missing``; none is
+dropped), the sizes summed.
+
+What one client can do, whatever it sends: with weight share ``pi`` (at most
+``k / (k + n - 1)`` among ``n`` clients, ``k`` the weight cap factor), the aggregate
+moves at most ``pi * clip_factor * scale_t`` away from the aggregate of the others'
+replies in round ``t``; over ``R`` rounds the scale is at most
+``SCALE_GROWTH ** (R - 1) * scale_1``, and the reference the rounds are measured from is
+the previous global model, so the distance of the global model from the honest
+clients' trajectory adds up at most ``sum_t pi * clip_factor * scale_t`` (plus what the
+honest clients' own dynamics do with a displaced model).
 """
 
 from __future__ import annotations
@@ -39,7 +57,9 @@ from flwr.common.logger import log
 from . import contract as C
 
 #: how accepted replies are combined (coordinate-wise for median and trimmed mean)
-AGGREGATIONS = ("mean", "median", "trimmed-mean", "clipped-mean")
+AGGREGATIONS = ("mean", "median", "trimmed-mean")
+#: the most the deviation scale may grow from one round to the next
+SCALE_GROWTH = 2.0
 #: the only serialization type accepted: Flower's numpy ``.npy`` bytes
 NUMPY_STYPE = "numpy.ndarray"
 #: elements an array of unknown expected shape may have (2 GiB of float64)
@@ -61,27 +81,27 @@ class Safeguards:
 
     Parameters
     ----------
-    aggregation : {"mean", "median", "trimmed-mean", "clipped-mean"}
+    aggregation : {"mean", "median", "trimmed-mean"}
         ``mean``: weighted mean (FedAvg). ``median``: coordinate-wise weighted median.
         ``trimmed-mean``: coordinate-wise, the ``ceil(trim_fraction * n)`` lowest and
-        highest values dropped, weighted mean of the rest. ``clipped-mean``: each reply
-        scaled down to at most ``clip_factor`` times the median reply norm, then the
-        weighted mean.
+        highest values dropped, weighted mean of the rest.
     trim_fraction : float in [0, 0.5)
-    clip_factor : float > 0
+    clip_factor : float >= 0
+        Pull replies further than this multiple of the deviation scale from the center
+        back onto that distance (centered clipping); 0 turns clipping off.
     norm_bound_factor : float >= 0
-        Refuse replies whose norm exceeds this multiple of the round's median reply
-        norm; 0 turns the bound off.
+        Refuse replies further than this multiple of the deviation scale from the
+        center; 0 turns the bound off.
     weight_cap_factor : float >= 0
         Cap each client's weight at this multiple of the round's median claimed
-        ``num-transitions``; 0 turns the cap off.
+        size; 0 turns the cap off.
     """
 
     aggregation: str = "mean"
     trim_fraction: float = 0.1
-    clip_factor: float = 1.0
+    clip_factor: float = 3.0
     norm_bound_factor: float = 10.0
-    weight_cap_factor: float = 3.0
+    weight_cap_factor: float = 10.0
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -89,21 +109,48 @@ class Safeguards:
                              f"got {self.aggregation!r}")
         if not 0.0 <= self.trim_fraction < 0.5:
             raise ValueError(f"trim_fraction must be in [0, 0.5), got {self.trim_fraction}")
-        if not (math.isfinite(self.clip_factor) and self.clip_factor > 0):
-            raise ValueError(f"clip_factor must be > 0, got {self.clip_factor}")
-        for name in ("norm_bound_factor", "weight_cap_factor"):
+        for name in ("clip_factor", "norm_bound_factor", "weight_cap_factor"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be >= 0 (0: off), got {value}")
 
     def combine(self, arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
         """Aggregate equally shaped arrays with this rule."""
-        return aggregate(arrays, weights, self.aggregation, self.trim_fraction,
-                         self.clip_factor)
+        return aggregate(arrays, weights, self.aggregation, self.trim_fraction)
 
 
 #: no safeguards and plain weighted means: the behaviour before screening had them
-OFF = Safeguards(norm_bound_factor=0.0, weight_cap_factor=0.0)
+OFF = Safeguards(clip_factor=0.0, norm_bound_factor=0.0, weight_cap_factor=0.0)
+
+
+@dataclass
+class Reference:
+    """What replies are measured against, kept by the strategy from round to round.
+
+    ``center``: the global array the round started from (None: zero, before there is
+    one). ``scale``: the previous round's deviation scale (None: no earlier round).
+    """
+
+    center: np.ndarray | None = None
+    scale: float | None = None
+
+    def deviations(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        center = self.center_for(arrays[0]) if arrays else None
+        return np.array([float(np.linalg.norm(a if center is None else a - center))
+                         for a in arrays])
+
+    def center_for(self, array: np.ndarray) -> np.ndarray | None:
+        """The center if it has ``array``'s shape (readouts of different D_i: none)."""
+        if self.center is None or self.center.shape != array.shape:
+            return None
+        return self.center
+
+    def round_scale(self, deviations: np.ndarray) -> float:
+        """The median deviation, at most :data:`SCALE_GROWTH` x the previous scale."""
+        scale = float(np.median(deviations))
+        if self.scale is not None and self.scale > 0:
+            scale = min(scale, SCALE_GROWTH * self.scale)
+        return scale
 
 
 # ------------------------------------------------------------------ aggregation rules
@@ -143,7 +190,7 @@ def trim_count(n: int, trim_fraction: float) -> int:
 
 
 def aggregate(arrays: Sequence[np.ndarray], weights: Sequence[float], rule: str = "mean",
-              trim_fraction: float = 0.1, clip_factor: float = 1.0) -> np.ndarray:
+              trim_fraction: float = 0.1) -> np.ndarray:
     """Combine equally shaped arrays (or scalars) by ``rule`` (:data:`AGGREGATIONS`)."""
     if rule == "mean":
         return weighted_mean(arrays, weights)
@@ -160,11 +207,6 @@ def aggregate(arrays: Sequence[np.ndarray], weights: Sequence[float], rule: str 
         wb = np.broadcast_to(w.reshape((-1,) + (1,) * (stack.ndim - 1)), stack.shape)
         kept_w = np.take_along_axis(wb, order, axis=0)[k:len(stack) - k]
         return np.asarray((values * kept_w).sum(axis=0) / kept_w.sum(axis=0))
-    if rule == "clipped-mean":
-        norms = np.array([np.linalg.norm(a) for a in stack])
-        tau = clip_factor * float(np.median(norms))
-        scale = np.where(norms > tau, tau / np.where(norms > 0, norms, 1.0), 1.0)
-        return weighted_mean([a * s for a, s in zip(stack, scale, strict=True)], w)
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {rule!r}")
 
 
@@ -182,7 +224,9 @@ class ScreenedReplies:
     rejected: int = 0
     norm_refused: int = 0
     weight_capped: int = 0
-    identity_refused: int = 0
+    clipped: int = 0
+    #: the round's deviation scale (None: no arrays, or fewer than two replies)
+    scale: float | None = None
     #: sum of the ``value-flags`` every readable reply claims, refused ones included (a
     #: flagged shard often yields a reply the norm bound refuses); None: none claimed any
     value_flags: int | None = None
@@ -212,7 +256,7 @@ class ScreenedReplies:
         return True
 
     def drop(self, index: int) -> None:
-        """Leave accepted reply ``index`` out (after screening: identity refusals)."""
+        """Leave accepted reply ``index`` out."""
         for items in (self.arrays, self.weights, self.metrics, self.nodes):
             if len(items) > index:
                 del items[index]
@@ -227,8 +271,7 @@ class ScreenedReplies:
         return {C.REPLIES_SAMPLED: sampled, C.REPLIES_RECEIVED: self.received,
                 C.REPLIES_OK: len(self.metrics), C.REPLIES_FAILED: self.failed,
                 C.REPLIES_REJECTED: self.rejected, C.REPLIES_NORM_REFUSED: self.norm_refused,
-                C.REPLIES_WEIGHT_CAPPED: self.weight_capped,
-                C.REPLIES_IDENTITY_REFUSED: self.identity_refused,
+                C.REPLIES_WEIGHT_CAPPED: self.weight_capped, C.REPLIES_CLIPPED: self.clipped,
                 C.REPLIES_TIMED_OUT: max(sampled - self.received, 0)}
 
     def missing_metrics(self) -> dict[str, list[int]]:
@@ -307,6 +350,7 @@ def screen_replies(
     safeguards: Safeguards = OFF,
     sampled: int | None = None,
     known: Mapping[int, tuple[str, int]] | None = None,
+    reference: Reference | None = None,
 ) -> ScreenedReplies:
     """Split replies into usable ones and counted refusals; never raises on a reply.
 
@@ -331,6 +375,9 @@ def screen_replies(
     known : mapping of node id to client key, optional
         Clients known from earlier replies (``IdentityRegistry.key_of``), so that a log
         line names the partition of a node whose reply does not say it (an error).
+    reference : Reference, optional
+        The center and previous scale the bound and the clipping measure replies
+        against (None: zero center, no earlier scale); its ``scale`` is updated.
     """
     out = ScreenedReplies(safeguards=safeguards, sampled=sampled, label=label)
     claims: list[float] = []
@@ -363,11 +410,13 @@ def screen_replies(
         size = reply_size(metrics)
         assert size is not None  # _check refuses a reply without one
         claims.append(float(size[1]))
-    _bound_norms(out, claims, label)
+    measured = _bound(out, claims, label, reference if reference is not None else Reference())
     _cap_weights(out, claims, uniform, label)
+    if measured is not None:
+        _clip(out, claims, *measured, label)
     log(INFO, "%s: %d replies aggregated, %d failed, %d rejected (%d over the norm bound), "
-        "%d weights capped", label, len(out.metrics), out.failed, out.rejected,
-        out.norm_refused, out.weight_capped)
+        "%d clipped, %d weights capped", label, len(out.metrics), out.failed, out.rejected,
+        out.norm_refused, out.clipped, out.weight_capped)
     return out
 
 
@@ -406,24 +455,82 @@ def _metrics_or_none(msg: Message) -> Any:
         return None
 
 
-def _bound_norms(out: ScreenedReplies, claims: list[float], label: str) -> None:
-    """Refuse replies above ``norm_bound_factor`` x the median norm of the round."""
-    factor = out.safeguards.norm_bound_factor
-    if factor <= 0 or len(out.arrays) < 2:
-        return
-    norms = np.array([np.linalg.norm(a) for a in out.arrays])
-    bound = factor * float(np.median(norms))
-    if not bound > 0:  # an all-zero majority gives no scale
-        return
-    for i in reversed(range(len(norms))):
-        if norms[i] > bound:
-            log(WARNING, "%s: reply of %s left out: norm %.4g above the bound %.4g (%g x the "
-                "median reply norm)", label, describe(out.nodes[i], out.metrics[i]), norms[i],
-                bound, factor)
+def _bound(out: ScreenedReplies, claims: list[float], label: str, reference: Reference
+           ) -> tuple[np.ndarray, float, np.ndarray | None] | None:
+    """Refuse replies further than ``norm_bound_factor`` x the scale from the center; sets
+    the round's scale (``out.scale``, ``reference.scale``). Returns the kept replies'
+    distances, the scale and the center (None: zero), or None without a scale."""
+    guards = out.safeguards
+    if len(out.arrays) < 2 or not (guards.norm_bound_factor or guards.clip_factor):
+        return None
+    center = reference.center_for(out.arrays[0])
+    if center is None and reference.center is not None:  # another shape: measure from 0
+        reference = Reference(None, reference.scale)
+    deviations = reference.deviations(out.arrays)
+    scale = reference.round_scale(deviations)
+    if not scale > 0:  # an all-equal majority gives no scale
+        return None
+    out.scale = reference.scale = scale
+    bound = guards.norm_bound_factor * scale
+    for i in reversed(range(len(deviations))):
+        if guards.norm_bound_factor and deviations[i] > bound:
+            log(WARNING, "%s: reply of %s left out: %.4g from %s, above the bound %.4g "
+                "(%g x the deviation scale %.4g)", label,
+                describe(out.nodes[i], out.metrics[i]), deviations[i], _from(center), bound,
+                guards.norm_bound_factor, scale)
             out.drop(i)
             del claims[i]
             out.rejected += 1
             out.norm_refused += 1
+            deviations = np.delete(deviations, i)
+    return deviations, scale, center
+
+
+def _from(center: np.ndarray | None) -> str:
+    return "zero" if center is None else "the previous global model"
+
+
+def _clip(out: ScreenedReplies, claims: list[float], deviations: np.ndarray, scale: float,
+          center: np.ndarray | None, label: str) -> None:
+    """Pull each reply further than ``clip_factor`` x the scale from the center back onto
+    that radius; then lower the weight of any client whose pull on the aggregate, ``n``
+    x its weight share x its distance, is above ``clip_factor + 1`` x the scale (one more
+    than a client of average weight at the clip radius) to the weight that makes it
+    equal (its reply unchanged). A claimed size cannot buy influence: a
+    client at the clip radius weighs what the others weigh on average, whatever it claims,
+    and a heavy honest client close to the others keeps its whole weight."""
+    factor = out.safeguards.clip_factor
+    if not factor or not out.arrays:
+        return
+    radius = factor * scale
+    distances = np.array(deviations, dtype=np.float64)
+    for i, deviation in enumerate(deviations):
+        if deviation > radius:
+            base = 0.0 if center is None else center
+            out.arrays[i] = base + (out.arrays[i] - base) * (radius / deviation)
+            distances[i] = radius
+            out.clipped += 1
+            log(WARNING, "%s: reply of %s clipped: %.4g from %s, pulled back to %.4g (%g x "
+                "the deviation scale)", label, describe(out.nodes[i], out.metrics[i]),
+                deviation, _from(center), radius, factor)
+    n, influence = len(distances), (factor + 1) * scale
+    weights = np.asarray(out.weights, dtype=np.float64)
+    for _ in range(len(weights)):  # each pass settles one more client at most
+        total = weights.sum()
+        over = n * weights * distances > influence * total * (1 + 1e-12)
+        if not over.any():
+            break
+        i = int(np.argmax(np.where(over, weights * distances, -np.inf)))
+        others = total - weights[i]
+        weights[i] = influence * others / (n * distances[i] - influence)
+    capped = np.asarray(out.weights) < np.asarray(claims)  # counted already
+    for j in map(int, np.flatnonzero(weights < np.asarray(out.weights))):
+        log(WARNING, "%s: weight of %s lowered from %.4g to %.4g: %d x its share x its "
+            "distance %.4g was above %g x the deviation scale", label,
+            describe(out.nodes[j], out.metrics[j]), out.weights[j], weights[j], n,
+            distances[j], factor + 1)
+        out.weights[j] = float(weights[j])
+        out.weight_capped += int(not capped[j])
 
 
 def _cap_weights(out: ScreenedReplies, claims: list[float], uniform: bool, label: str) -> None:
@@ -503,6 +610,19 @@ def decode_reward_range(record: Any) -> tuple[str | None, np.ndarray | None]:
     if not np.all(np.isfinite(extremes)) or extremes[0] > extremes[1]:
         return f"'{C.REWARD_RANGE}' must be finite [min, max]", None
     return None, extremes
+
+
+def decode_action_counts(record: ArrayRecord, n_actions: int
+                         ) -> tuple[str | None, np.ndarray | None]:
+    """``(None, counts)`` of a reply's ``action-counts`` (finite, >= 0), else a reason."""
+    if C.ACTION_COUNTS not in record:
+        return f"no '{C.ACTION_COUNTS}' array", None
+    reason, counts = decode_array(record[C.ACTION_COUNTS], (n_actions,))
+    if reason is not None or counts is None:
+        return f"'{C.ACTION_COUNTS}': {reason}", None
+    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
+        return f"'{C.ACTION_COUNTS}' must be finite and >= 0", None
+    return None, counts
 
 
 def _check(

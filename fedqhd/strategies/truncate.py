@@ -97,7 +97,7 @@ class FedQHDTruncate(FunctionSpaceStrategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         screened = self._screen("train", server_round, replies, C.READOUT,
                                 (None, self.n_actions))
-        keys = self._bind_identities(screened, server_round)
+        keys = self._record_clients(screened, server_round)
         self.last_train_metrics = screened.round_metrics()
         self.last_train_metrics[C.CLIENTS_AVERAGED] = len(screened.arrays)
         self.last_client_metrics = screened.per_node_metrics()
