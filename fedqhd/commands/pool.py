@@ -199,7 +199,7 @@ def federated_study(clients: int, rho: float, seeds: int, **settings: object
                 "num-server-rounds": 1, "pool-rho": rho, "min-nodes": clients,
                 "output-dir": tmp, "preset": preset})
             nodes = [{"ledger-dir": f"{tmp}/ledgers", "noise": "numpy",
-                      "reproducible-noise": True}] * clients
+                      "reproducible-noise": True, "rho": rho}] * clients
             grid = InProcessGrid([client_app] * clients, run_config=cfg.to_run_config(),
                                  node_configs=nodes)
             _, out_dir = run_federation(grid, cfg)
