@@ -112,6 +112,49 @@ def test_compose_pins_the_flwr_version_and_isolates_shards_and_keys() -> None:
     assert "--insecure" not in services["superlink"]["command"]
 
 
+#: what every SuperNode of a generated deployment must say about its privacy, in full
+PINNED_PRIVACY = {"noise": "opendp", "rho-budget": 10.0, "rho": 1.0,
+                  "reproducible-noise": False}
+
+
+def _node_config(argv: list[str]) -> dict[str, object]:
+    """A SuperNode command line's node config, parsed as flower-supernode parses it."""
+    from flwr.common.config import parse_config_args
+
+    return parse_config_args([str(argv[list(argv).index("--node-config") + 1])])
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_every_supernode_pins_its_privacy_in_compose_and_deploy_local(n: int, tmp_path: Path
+                                                                      ) -> None:
+    """The deployment files set the node's privacy explicitly (not by falling back to code
+    defaults), and the compose file keeps each node's ledgers on a volume of its own."""
+    from fedqhd.node_config import NodeSettings
+
+    text = COMPOSE.read_text() if n == 3 else render_compose(n)
+    services = yaml.safe_load(text)["services"]
+    dep = LocalDeployment(tmp_path, num_supernodes=n, shards_dir=None)
+    dep.superlink_port, dep.supernode_ports = 1, {i: 1 + i for i in range(1, n + 1)}
+    for i in range(1, n + 1):
+        compose_cfg = _node_config(services[f"supernode-{i}"]["command"])
+        local_cfg = _node_config(dep.supernode_argv(i))
+        for cfg in (compose_cfg, local_cfg):
+            assert {k: cfg.get(k) for k in PINNED_PRIVACY} == PINNED_PRIVACY, cfg
+            assert cfg["partition-id"] == i - 1 and cfg["num-partitions"] == n
+            NodeSettings.of(cfg)  # valid node-config values
+        assert compose_cfg["ledger-dir"] == "/app/ledgers"
+        volumes = services[f"superexec-clientapp-{i}"]["volumes"]
+        assert f"ledgers-supernode-{i}:/app/ledgers" in volumes
+    # an operator's own settings are written out the same way
+    strict = NodeSettings(rho_budget=2.0, rho=0.5)
+    cfg = _node_config(yaml.safe_load(render_compose(1, strict))["services"]["supernode-1"][
+        "command"])
+    assert (cfg["rho-budget"], cfg["rho"], cfg["noise"]) == (2.0, 0.5, "opendp")
+    dep = LocalDeployment(tmp_path, num_supernodes=1, privacy=strict)
+    dep.supernode_ports = {1: 2}
+    assert _node_config(dep.supernode_argv(1))["rho-budget"] == 2.0
+
+
 def _flags(argv: list[str]) -> set[str]:
     return {a for a in argv if a.startswith("--")}
 
