@@ -195,3 +195,16 @@ def test_the_run_config_cannot_loosen_a_nodes_privacy(tmp_path, private_ledger_d
     assert past["final"]["replies"][C.REPLIES_FAILED] == 2
     assert [led["rho_spent"] for led in on_disk()] == [pytest.approx(1.75)] * 2
     assert all(led["budget_rho"] == 2.0 for led in on_disk())
+
+
+def test_fedqhd_privacy_ledgers_reports_seeded_noise_as_infinite_epsilon(tmp_path, capsys):
+    from fedqhd.commands.main import main
+
+    cfg = _cfg(tmp_path)
+    _release(cfg, 0, **NUMPY, **{"ledger-dir": str(tmp_path / "fresh")})
+    _release(cfg, 0, **SEEDED, **{"ledger-dir": str(tmp_path / "seeded")})
+    assert main(["privacy", "ledgers", "--ledger-dir", str(tmp_path / "fresh")]) == 0
+    fresh = capsys.readouterr().out
+    assert "rho spent 1 of 10" in fresh and "(exact-gaussian)" in fresh and "inf" not in fresh
+    assert main(["privacy", "ledgers", "--ledger-dir", str(tmp_path / "seeded")]) == 0
+    assert "epsilon at delta 1e-05: inf (regenerable" in capsys.readouterr().out
