@@ -10,6 +10,8 @@ import json
 import time
 from pathlib import Path
 
+from fedqhd.files import atomic_write
+
 
 def _audit(a: argparse.Namespace) -> int:
     from fedqhd.learners import parse_run_config
@@ -56,7 +58,7 @@ def _audit(a: argparse.Namespace) -> int:
     if a.out:
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({**res.to_dict(), "neighbours": a.neighbours,
+        atomic_write(out, json.dumps({**res.to_dict(), "neighbours": a.neighbours,
                                    "horizon": a.horizon, "trajectories": a.trajectories,
                                    "wall-time-s": round(wall, 2)}, indent=1))
         print(f"wrote {out}")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from fedqhd.deploy.certs import make_credentials
+from fedqhd.files import atomic_write
 from fedqhd.node_config import NodeSettings, node_config_arg
 
 #: connection name written to the private ``$FLWR_HOME/config.toml``
@@ -275,7 +276,7 @@ class LocalDeployment:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file,
                                 stderr=subprocess.STDOUT, env=self.env(env),
                                 cwd=str(cwd or self.workdir), start_new_session=True)
-        (self.logs / f"{name}.pgid").write_text(str(proc.pid))  # for operators and tests
+        atomic_write(self.logs / f"{name}.pgid", str(proc.pid))  # for operators and tests
         service = Service(name, argv, log_path, proc, log_file, watched=watch)
         self.services[name] = service
         return service
@@ -397,7 +398,7 @@ class LocalDeployment:
         else:
             lines.append("insecure = true")
         path = self.flwr_home / "config.toml"
-        path.write_text("\n".join(lines) + "\n")
+        atomic_write(path, "\n".join(lines) + "\n")
         return path
 
     # ---- readiness --------------------------------------------------------
