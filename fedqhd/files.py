@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -29,6 +30,25 @@ def fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def tight_folder(path: Path, mode: int = 0o700, own: bool = True) -> Path:
+    """Create ``path`` (and its parents) or take it as it is, then give it exactly ``mode``,
+    whatever the umask or its earlier mode: ``mkdir(mode=...)`` is masked by the umask and
+    leaves an existing folder alone, so a folder made under umask 000 (or chmod 0777 since)
+    would let any local user delete or swap what is in it. ``own``: refuse
+    (:class:`PermissionError`) a folder another user owns, which could be loosened again
+    behind our back."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    info = path.stat()
+    if own and info.st_uid != os.geteuid():
+        raise PermissionError(f"{path} is owned by uid {info.st_uid}, not by this user "
+                              f"(uid {os.geteuid()}): refused, whoever owns it can change what "
+                              "is in it")
+    if stat.S_IMODE(info.st_mode) != mode:
+        os.chmod(path, mode)
+    return path
 
 
 def atomic_write(path: Path, data: bytes | str, private: bool = False,

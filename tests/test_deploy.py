@@ -646,6 +646,29 @@ def test_private_files_are_created_private(tmp_path: Path, monkeypatch: pytest.M
     assert pub.stat().st_mode & 0o777 == 0o644
 
 
+def test_credential_folders_are_tight_whatever_the_umask_or_their_mode(tmp_path: Path
+                                                                        ) -> None:
+    """Under umask 000, and over folders left 0777 by an earlier run, `fedqhd deploy certs`
+    leaves every folder holding a key or a secret 0700, public/ 0755, and its root not
+    writable by others."""
+    from fedqhd.commands.main import main
+
+    root = tmp_path / "creds"
+    old = os.umask(0)
+    try:
+        for name in ("", "ca", "supernode-1"):  # an earlier run's folders, loosened
+            (root / name).mkdir(mode=0o777, exist_ok=True)
+            os.chmod(root / name, 0o777)
+        assert main(["deploy", "certs", "--out", str(root), "-n", "2"]) == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in root.iterdir() if p.is_dir()}
+    assert modes == {"ca": 0o700, "superlink": 0o700, "superexec-serverapp": 0o700,
+                     "supernode-1": 0o700, "supernode-2": 0o700, "public": 0o755}
+    assert root.stat().st_mode & 0o022 == 0
+    assert (root / "ca" / "ca.key").stat().st_mode & 0o777 == 0o600
+
+
 class _FakeDeployment:
     """Stands in for LocalDeployment in ``fedqhd deploy local``: no processes."""
 

@@ -208,3 +208,32 @@ def test_fedqhd_privacy_ledgers_reports_seeded_noise_as_infinite_epsilon(tmp_pat
     assert "rho spent 1 of 10" in fresh and "(exact-gaussian)" in fresh and "inf" not in fresh
     assert main(["privacy", "ledgers", "--ledger-dir", str(tmp_path / "seeded")]) == 0
     assert "epsilon at delta 1e-05: inf (regenerable" in capsys.readouterr().out
+
+
+def test_a_ledger_folder_is_tightened_to_0700_whatever_the_umask_or_its_mode(
+        tmp_path, private_ledger_dir, monkeypatch):
+    """Another local user must not delete a ledger (and so reset a budget): a folder made
+    under umask 000, or chmod 0777 since, is 0700 once a release opens it; one another
+    user owns is refused."""
+    import os
+
+    old = os.umask(0)
+    try:
+        private_ledger_dir.mkdir(mode=0o777)
+        assert private_ledger_dir.stat().st_mode & 0o777 == 0o777
+        store = LedgerStore(private_ledger_dir)
+        fp = data_fingerprint(np.arange(3))
+        with store.open(fp, 1.0, 1e-5, "c") as ledger:
+            ledger.spend(0.5)
+        assert private_ledger_dir.stat().st_mode & 0o777 == 0o700
+        assert store.path(fp).stat().st_mode & 0o777 == 0o600
+        fresh = LedgerStore(tmp_path / "new" / "ledgers")  # made under umask 000
+        with fresh.open(fp, 1.0, 1e-5, "c") as ledger:
+            ledger.spend(0.5)
+        assert fresh.directory.stat().st_mode & 0o777 == 0o700
+    finally:
+        os.umask(old)
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)  # as if another user owned it
+    with pytest.raises(LedgerFileError, match=r"owned by uid \d+, not by this user"), \
+            store.open(fp, 1.0, 1e-5, "c"):
+        pass
