@@ -223,11 +223,13 @@ class RunConfig:
         "evaluation is ~15 % of an online run's CPU)")))
     # ---- pool learner (learner = "pool", env-id = fedqhd/Inventory-v0) ----
     pool_rho: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e6, lo_open=True),
-                                                       "zCDP rho of a client's one release "
-                                                       "(node config 'rho' overrides; the "
+                                                       "zCDP rho of a client's one release, "
+                                                       "at most the node config's 'rho' (a "
+                                                       "higher one is lowered to it; the "
                                                        "budget and the noise are the node's)"))
     non_private: bool = field(default=False, metadata=_key(
-        lambda v: None, "mark the run non-private: only then are noise-free clients accepted"))
+        lambda v: None, "mark the run non-private: only then are noise-free clients (node "
+        "config noise = none) accepted; it switches no node's noise off"))
     #: the POOL learner's settings, from the preset (not a run-config key)
     pool: PoolSettings = field(default=PoolSettings(), init=False,
                                metadata={"check": lambda v: None, "key": False})
@@ -417,8 +419,8 @@ class RunConfig:
         by_key = {_kebab(f.name): f for f in run_config_fields()}
         unknown = sorted(set(run_config) - set(by_key))
         if unknown:
-            raise ConfigError(f"unknown run-config key(s) {unknown}; valid keys: "
-                              f"{sorted(by_key)}")
+            raise ConfigError(f"unknown run-config key(s) {unknown}{_node_keys_hint(unknown)}; "
+                              f"valid keys: {sorted(by_key)}")
         kwargs = {}
         for key, value in run_config.items():
             f = by_key[key]
@@ -453,6 +455,27 @@ class RunConfig:
 def run_config_fields() -> list[dataclasses.Field]:
     """The fields of :class:`RunConfig` that are run-config keys."""
     return [f for f in fields(RunConfig) if f.metadata.get("key", True)]
+
+
+#: former run-config keys that are now the node's own, and the node-config key that took over
+MOVED_TO_NODE_CONFIG = {"pool-rho-budget": "rho-budget", "pool-noise": "noise",
+                        "reproducible-noise": "reproducible-noise"}
+
+
+def _node_keys_hint(unknown: list[str]) -> str:
+    """Why a run config cannot set a node's own keys (its privacy and data limits), and where
+    they are set instead; empty when no such key is among ``unknown``."""
+    from fedqhd.node_config import NodeSettings  # imports the privacy package: only on error
+
+    node_keys = set(NodeSettings.keys())
+    moved = {k: MOVED_TO_NODE_CONFIG.get(k, k) for k in unknown
+             if k in MOVED_TO_NODE_CONFIG or k in node_keys}
+    if not moved:
+        return ""
+    where = ", ".join(f"'{k}' -> node-config '{v}'" for k, v in moved.items())
+    return (f" ({where}: a node's privacy and data limits are set by the node's operator, in "
+            "each SuperNode's --node-config, never by the run; a run may only ask for more "
+            "privacy, with a lower pool-rho)")
 
 
 def _field_default(name: str) -> Any:

@@ -1,6 +1,7 @@
 """Huge but finite data (issue 11): shard values within the env's bounds, archive caps
 checked before decompressing, the learner's memory estimate and refusal, anchor files."""
 
+import io
 import json
 import tracemalloc
 import warnings
@@ -232,6 +233,48 @@ def test_rows_are_capped_before_loading_and_honest_compressed_shards_load(tmp_pa
         NodeSettings.of({"max-compression-ratio": 0.5})
     with pytest.raises(ValueError, match="max_compression_ratio"):
         ShardLimits(max_compression_ratio=0.5)
+
+
+def _npy_member(shape: tuple[int, ...], dtype: str, data: bytes = b"") -> bytes:
+    """A ``.npy`` file whose header declares ``shape`` and ``dtype``, then ``data``."""
+    header = {"descr": dtype, "fortran_order": False, "shape": shape}
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, header)
+    return buffer.getvalue() + data
+
+
+@pytest.mark.parametrize("member, shape, dtype", [
+    ("observations", (1, 10**12), "<f4"),         # one row, a huge second dimension
+    ("rewards", (10**11 // 4,), "<f4"),           # rows under no cap, bytes far over the file
+    ("metadata", (), "<U100000000"),              # a 400 MB string
+])
+def test_a_header_declaring_more_than_its_member_holds_is_refused_before_allocating(
+        tmp_path, monkeypatch, capsys, member, shape, dtype):
+    # mutation checked: `nbytes > info.file_size - header_bytes` -> `False` lets np.load
+    # allocate the declared array (a raw MemoryError, or here the np.load trap)
+    path = tmp_path / "shard-0.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(f"{member}.npy", _npy_member(shape, dtype, b"\x00" * 16))
+    assert path.stat().st_size < 400
+    _forbid_np_load(monkeypatch)
+    with pytest.raises(ShardError, match=rf"shard-0.npz: {member} declares shape .* but its "
+                                         r"member holds 16 bytes of data; refused before "
+                                         "allocating"):
+        load_shard(path, limits=ShardLimits(max_transitions=2**62))
+    monkeypatch.undo()
+    from fedqhd.commands.main import main
+
+    assert main(["data", "inspect", str(path)]) == 1
+    out = capsys.readouterr()
+    assert out.err.startswith("invalid: ") and "Traceback" not in out.err + out.out
+
+
+def test_a_single_npy_file_is_refused_before_it_is_loaded(tmp_path, monkeypatch):
+    path = tmp_path / "shard-0.npz"
+    path.write_bytes(_npy_member((1, 10**12), "<f4"))
+    _forbid_np_load(monkeypatch)
+    with pytest.raises(ShardError, match=r"not a .npz archive \(a single .npy array\?\)"):
+        load_shard(path)
 
 
 def test_inspect_refuses_or_lists_far_out_values(tmp_path, capsys):

@@ -112,6 +112,49 @@ def test_compose_pins_the_flwr_version_and_isolates_shards_and_keys() -> None:
     assert "--insecure" not in services["superlink"]["command"]
 
 
+#: what every SuperNode of a generated deployment must say about its privacy, in full
+PINNED_PRIVACY = {"noise": "opendp", "rho-budget": 10.0, "rho": 1.0,
+                  "reproducible-noise": False}
+
+
+def _node_config(argv: list[str]) -> dict[str, object]:
+    """A SuperNode command line's node config, parsed as flower-supernode parses it."""
+    from flwr.common.config import parse_config_args
+
+    return parse_config_args([str(argv[list(argv).index("--node-config") + 1])])
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_every_supernode_pins_its_privacy_in_compose_and_deploy_local(n: int, tmp_path: Path
+                                                                      ) -> None:
+    """The deployment files set the node's privacy explicitly (not by falling back to code
+    defaults), and the compose file keeps each node's ledgers on a volume of its own."""
+    from fedqhd.node_config import NodeSettings
+
+    text = COMPOSE.read_text() if n == 3 else render_compose(n)
+    services = yaml.safe_load(text)["services"]
+    dep = LocalDeployment(tmp_path, num_supernodes=n, shards_dir=None)
+    dep.superlink_port, dep.supernode_ports = 1, {i: 1 + i for i in range(1, n + 1)}
+    for i in range(1, n + 1):
+        compose_cfg = _node_config(services[f"supernode-{i}"]["command"])
+        local_cfg = _node_config(dep.supernode_argv(i))
+        for cfg in (compose_cfg, local_cfg):
+            assert {k: cfg.get(k) for k in PINNED_PRIVACY} == PINNED_PRIVACY, cfg
+            assert cfg["partition-id"] == i - 1 and cfg["num-partitions"] == n
+            NodeSettings.of(cfg)  # valid node-config values
+        assert compose_cfg["ledger-dir"] == "/app/ledgers"
+        volumes = services[f"superexec-clientapp-{i}"]["volumes"]
+        assert f"ledgers-supernode-{i}:/app/ledgers" in volumes
+    # an operator's own settings are written out the same way
+    strict = NodeSettings(rho_budget=2.0, rho=0.5)
+    cfg = _node_config(yaml.safe_load(render_compose(1, strict))["services"]["supernode-1"][
+        "command"])
+    assert (cfg["rho-budget"], cfg["rho"], cfg["noise"]) == (2.0, 0.5, "opendp")
+    dep = LocalDeployment(tmp_path, num_supernodes=1, privacy=strict)
+    dep.supernode_ports = {1: 2}
+    assert _node_config(dep.supernode_argv(1))["rho-budget"] == 2.0
+
+
 def _flags(argv: list[str]) -> set[str]:
     return {a for a in argv if a.startswith("--")}
 
@@ -601,6 +644,29 @@ def test_private_files_are_created_private(tmp_path: Path, monkeypatch: pytest.M
     for path in (made, overwritten, key):
         assert path.stat().st_mode & 0o777 == 0o600, path
     assert pub.stat().st_mode & 0o777 == 0o644
+
+
+def test_credential_folders_are_tight_whatever_the_umask_or_their_mode(tmp_path: Path
+                                                                        ) -> None:
+    """Under umask 000, and over folders left 0777 by an earlier run, `fedqhd deploy certs`
+    leaves every folder holding a key or a secret 0700, public/ 0755, and its root not
+    writable by others."""
+    from fedqhd.commands.main import main
+
+    root = tmp_path / "creds"
+    old = os.umask(0)
+    try:
+        for name in ("", "ca", "supernode-1"):  # an earlier run's folders, loosened
+            (root / name).mkdir(mode=0o777, exist_ok=True)
+            os.chmod(root / name, 0o777)
+        assert main(["deploy", "certs", "--out", str(root), "-n", "2"]) == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in root.iterdir() if p.is_dir()}
+    assert modes == {"ca": 0o700, "superlink": 0o700, "superexec-serverapp": 0o700,
+                     "supernode-1": 0o700, "supernode-2": 0o700, "public": 0o755}
+    assert root.stat().st_mode & 0o022 == 0
+    assert (root / "ca" / "ca.key").stat().st_mode & 0o777 == 0o600
 
 
 class _FakeDeployment:

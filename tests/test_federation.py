@@ -1,6 +1,7 @@
 """The real ServerApp logic and ClientApp, in process (no Ray): learning, results, failures."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,3 +153,29 @@ def test_a_client_failing_every_round_costs_what_its_absence_costs(tmp_path, enc
         models.append(np.load(out_dir / "final_model.npz")[key])
     assert np.abs(models[0]).max() > 0
     np.testing.assert_allclose(models[0], models[1], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("torn", ["learning_curve.png", "final_model.npz"])
+def test_a_run_that_cannot_write_its_outputs_says_failed(tmp_path, monkeypatch, torn):
+    """A full disk while the plot (or the model) is written: the run raises, results.json
+    says failed with the error, and neither file is left half written."""
+    import errno
+
+    import fedqhd.files
+
+    real = fedqhd.files.atomic_write
+
+    def full_disk(path, data, *args, **kwargs):
+        if Path(path).name == torn:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(fedqhd.files, "atomic_write", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        _run(tmp_path, num_server_rounds=1)
+    (results,) = tmp_path.glob("*/*/results.json")
+    final = json.loads(results.read_text())["final"]
+    assert final["status"] == "failed"
+    assert final["reason"] == ("writing the run's outputs failed: OSError: [Errno 28] No space "
+                               "left on device")
+    assert not (results.parent / torn).exists()

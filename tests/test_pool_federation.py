@@ -32,6 +32,8 @@ SMALL = {"learner": "pool", "env-id": "fedqhd/Inventory-v0", "num-server-rounds"
          "num-anchors": 300, "anchor-source": "uniform", "min-nodes": 2}
 #: deterministic tests: nodes with seeded numpy noise (a node's default is OpenDP, fresh noise)
 SEEDED = {"noise": "numpy", "reproducible-noise": True}
+NO_NOISE = {"noise": "none", "reproducible-noise": False}  #: a node's consent to exact counts
+OPENDP = {"noise": "opendp", "reproducible-noise": False}
 
 
 def _cfg(tmp_path: Path, pool: dict | None = None, **changes) -> RunConfig:
@@ -104,8 +106,8 @@ def test_release_depends_on_the_data_only_through_the_noisy_counts(tmp_path, mon
 def test_noise_off_is_refused_at_the_client_unless_the_run_is_non_private(tmp_path):
     cfg = _cfg(tmp_path)
     with pytest.raises(pl.NonPrivateRefusedError, match="not marked non-private"):
-        pl.release(cfg, 0, _privacy(cfg, {"noise": "none"}))
-    nodes = [{"noise": "none"}, {}, {}]
+        pl.release(cfg, 0, _privacy(cfg, NO_NOISE))
+    nodes = [NO_NOISE, {}, {}]
     refused = _run(cfg, nodes)
     assert all(r[C.REPLIES_FAILED] == 1 and r[C.REPLIES_OK] == 2 for r in refused["rounds"])
     assert set(refused["final"]["privacy-ledgers"]) == {"1", "2"}
@@ -119,7 +121,7 @@ def test_noise_off_is_refused_at_the_client_unless_the_run_is_non_private(tmp_pa
 def test_server_screens_out_non_private_replies_unless_the_run_is_non_private(tmp_path):
     cfg = _cfg(tmp_path)  # the server's run: not marked non-private
     clients_believe = {**cfg.to_run_config(), "non-private": True}  # a misconfigured client
-    data = _run(cfg, [{"noise": "none"}, {}, {}], client_run_config=clients_believe)
+    data = _run(cfg, [NO_NOISE, {}, {}], client_run_config=clients_believe)
     row = data["rounds"][0]
     assert row[C.REPLIES_REFUSED_NON_PRIVATE] == 1 and row[C.REPLIES_OK] == 2
     assert row[f"evaluate-{C.REPLIES_REFUSED_NON_PRIVATE}"] == 1  # its gaps are not used either
@@ -127,24 +129,29 @@ def test_server_screens_out_non_private_replies_unless_the_run_is_non_private(tm
 
 
 def test_every_client_ledger_is_in_results_and_budgets_are_enforced(tmp_path):
-    cfg = _cfg(tmp_path, **{"num-server-rounds": 2})
-    data = _run(cfg, [{}, {"rho": 4.0}, {"rho": 5.0, "rho-budget": 1.0}])
+    cfg = _cfg(tmp_path, **{"num-server-rounds": 2, "pool-rho": 5.0})
+    fresh = {"reproducible-noise": False}  # numpy noise nobody can draw again
+    data = _run(cfg, [fresh, {"rho": 4.0, **fresh}, {"rho": 5.0, "rho-budget": 1.0}, {}])
     ledgers = data["final"]["privacy-ledgers"]
-    assert set(ledgers) == {"0", "1"}  # client 2 asked for more than its budget
-    assert ledgers["0"]["rho-spent"] == 1.0 and ledgers["1"]["rho-spent"] == 4.0
+    assert set(ledgers) == {"0", "1", "3"}  # client 2 asked for more than its budget
+    # each node's own rho caps the run's pool-rho = 5 (node 0 and 3: the default cap, 1)
+    assert [ledgers[k]["rho-spent"] for k in ("0", "1", "3")] == [1.0, 4.0, 1.0]
     assert ledgers["0"]["epsilon-cks"] == pytest.approx(7.077, abs=1e-3)
     assert ledgers["0"]["epsilon-exact"] == pytest.approx(6.573, abs=1e-3)
     assert ledgers["1"]["epsilon-exact"] < ledgers["1"]["epsilon-cks"]
+    # seeded noise (node 3) is regenerable from the run config: no finite epsilon
+    assert ledgers["3"]["noise-reproducible"] == 1 and ledgers["0"]["noise-reproducible"] == 0
+    assert all(ledgers["3"][k] == math.inf for k in ("epsilon", "epsilon-cks", "epsilon-exact"))
     assert all(e["private"] and e["noise-secure"] == 0 for e in ledgers.values())
     assert all(r[C.REPLIES_FAILED] == 1 for r in data["rounds"])
     # rho is spent once, however many rounds
-    assert all(r[C.RHO_SPENT] == pytest.approx(2.5) for r in data["rounds"])
+    assert all(r[C.RHO_SPENT] == pytest.approx(2.0) for r in data["rounds"])
     with pytest.raises(BudgetExceededError, match=r"rho=5 refused; spent 0 of budget 1"):
         pl.release(cfg, 2, _privacy(cfg, {"rho": 5.0, "rho-budget": 1.0}))
 
 
 def test_opendp_clients_are_reported_secure_and_numpy_clients_are_not(tmp_path):
-    secure = _run(_cfg(tmp_path), [{"noise": "opendp"}, {"noise": "numpy"}])
+    secure = _run(_cfg(tmp_path), [OPENDP, {"noise": "numpy"}])
     ledgers = secure["final"]["privacy-ledgers"]
     assert ledgers["0"]["noise-secure"] == 1 and ledgers["1"]["noise-secure"] == 0
     assert ledgers["0"]["noise-sigma"] == pytest.approx(math.sqrt(2 * 7 / 1.0))
@@ -178,7 +185,7 @@ def test_run_config_ties_learners_to_their_tasks():
 def test_adopt_teacher_compiles_a_representable_teacher_exactly(tmp_path, zoning):
     """A teacher that is some POOL fit's own Q on the anchors is recovered on those anchors
     (trust 1), also where a point mixes several post-decision zones; trust 0 keeps own."""
-    cfg = _cfg(tmp_path, pool={"zoning": zoning, "zones": 25})
+    cfg = _cfg(tmp_path, pool={"zoning": zoning, "zones": 25}, **{"pool-rho": 5.0})
     assert pl.zoning(cfg)[0].kind == ("post-decision" if zoning == "post-decision" else "zones")
     assert pl.learner_options(cfg)["kernel"] == ("shared" if zoning == "post-decision"
                                                  else "zone")

@@ -61,7 +61,7 @@ def test_clipping_at_zero():
 
 def test_ledger_composes_and_refuses():
     led = PrivacyLedger(budget_rho=1.0, delta=1e-5, client_id="c0")
-    GaussianMechanism(1.0, 0.5).release(np.zeros(3), NumpyNoise(0), led, label="first")
+    GaussianMechanism(1.0, 0.5).release(np.zeros(3), NumpyNoise(), led, label="first")
     led.spend(0.5, label="second")
     assert led.rho_spent == pytest.approx(1.0)
     assert led.epsilon_cks() == pytest.approx(7.077, abs=1e-3)
@@ -73,6 +73,28 @@ def test_ledger_composes_and_refuses():
     with pytest.raises(BudgetExceededError):
         release_counts({"a": np.zeros(2), "b": np.zeros(2)}, 1.0, 1.0, NumpyNoise(0), led2)
     assert led2.rho_spent == 0.0
+
+
+def test_regenerable_noise_has_infinite_epsilon_in_every_report():
+    """Seeded noise is regenerable by whoever knows the seed: no finite epsilon, however
+    small the rho; the rho still counts against the budget."""
+    led = PrivacyLedger(budget_rho=1.0, delta=1e-5, client_id="c0")
+    GaussianMechanism(1.0, 0.25).release(np.zeros(3), NumpyNoise(), led, label="fresh")
+    assert math.isfinite(led.epsilon()) and not led.regenerable
+    GaussianMechanism(1.0, 0.25).release(np.zeros(3), NumpyNoise(7), led, label="seeded")
+    assert led.regenerable and led.rho_spent == pytest.approx(0.5)
+    assert led.conversion == "regenerable"
+    assert led.epsilon() == led.epsilon_cks() == led.epsilon_exact() == math.inf
+    by_noise = led.epsilon_by_noise()
+    assert by_noise["numpy-seeded (NOT secure)"]["epsilon"] == math.inf
+    assert math.isfinite(by_noise["numpy-fresh-entropy (NOT secure)"]["epsilon"])
+    stored = json.loads(led.to_json())  # Python's JSON: the token Infinity, read back as inf
+    assert stored["noise_regenerable"] is True
+    assert all(stored[k] == math.inf for k in ("epsilon", "epsilon_cks",
+                                               "epsilon_exact_gaussian"))
+    assert PrivacyLedger.from_dict(stored).epsilon() == math.inf
+    with pytest.raises(BudgetExceededError):
+        led.spend(0.6)
 
 
 def test_ledger_json_round_trip():

@@ -4,6 +4,7 @@ per shard whose budget every run and restart of a node shares."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,7 @@ def test_numpy_noise_is_fresh_unless_the_node_asks_for_reproducible_noise(tmp_pa
     assert not np.array_equal(a.n_sas, b.n_sas)
     assert a.noise == "numpy-fresh-entropy (NOT secure)"
     assert pl.ledger_metrics(a, led, 0, fresh)[C.NOISE_REPRODUCIBLE] == 0
+    assert math.isfinite(pl.ledger_metrics(a, led, 0, fresh)[C.EPSILON])
 
     seeded = fresh
     c, led = _release(seeded, **SEEDED)
@@ -61,18 +63,22 @@ def test_numpy_noise_is_fresh_unless_the_node_asks_for_reproducible_noise(tmp_pa
     np.testing.assert_array_equal(c.n_sa, d.n_sa)
     np.testing.assert_array_equal(c.n_sas, d.n_sas)
     assert c.noise == "numpy-seeded (NOT secure)"
-    assert pl.ledger_metrics(c, led, 0, seeded)[C.NOISE_REPRODUCIBLE] == 1
+    metrics = pl.ledger_metrics(c, led, 0, seeded)
+    assert metrics[C.NOISE_REPRODUCIBLE] == 1
+    # whoever holds the run config regenerates the noise: no finite epsilon
+    assert metrics[C.EPSILON] == metrics[C.EPSILON_CKS] == metrics[C.EPSILON_EXACT] == math.inf
     assert led.entries[-1]["reproducible"] is True
 
 
 def test_releases_of_one_shard_share_one_budget_on_disk(tmp_path, private_ledger_dir):
     cfg = _cfg(tmp_path, **{"pool-rho": 4.0})  # budget 10
-    _release(cfg, **NUMPY)
-    _, second = _release(cfg, **NUMPY)  # a new run (or restarted node) on the same shard
+    node = {**NUMPY, "rho": 4.0}  # a node that allows releases of rho 4
+    _release(cfg, **node)
+    _, second = _release(cfg, **node)  # a new run (or restarted node) on the same shard
     assert second.rho_spent == pytest.approx(8.0)
     with pytest.raises(BudgetExceededError, match=r"rho=4 refused; spent 8 of budget 10"):
-        _release(cfg, **NUMPY)
-    _, other = _release(cfg, pid=1, **NUMPY)  # a different shard has its own ledger
+        _release(cfg, **node)
+    _, other = _release(cfg, pid=1, **node)  # a different shard has its own ledger
     assert other.rho_spent == pytest.approx(4.0)
     files = sorted(private_ledger_dir.glob("*.json"))
     assert len(files) == 2
@@ -80,13 +86,13 @@ def test_releases_of_one_shard_share_one_budget_on_disk(tmp_path, private_ledger
     assert sorted(s["rho_spent"] for s in stored) == [4.0, 8.0]
     assert all(f.stat().st_mode & 0o077 == 0 for f in files)  # what a node spent is its own
     # a node-config directory is honoured, and starts its own ledgers
-    _, elsewhere = _release(cfg, **NUMPY, **{"ledger-dir": str(tmp_path / "node-a")})
+    _, elsewhere = _release(cfg, **node, **{"ledger-dir": str(tmp_path / "node-a")})
     assert elsewhere.rho_spent == pytest.approx(4.0)
     assert len(list((tmp_path / "node-a").glob("*.json"))) == 1
 
 
 def test_a_release_beyond_the_budget_is_a_failed_reply_in_a_new_run(tmp_path):
-    cfg = _cfg(tmp_path)
+    cfg = _cfg(tmp_path, **{"pool-rho": 6.0})
     # deterministic noise; budget 10: client 0 fits once, client 1 ten times
     nodes = [{"rho": 6.0, **SEEDED}, {"rho": 1.0, **SEEDED}]
 
@@ -113,4 +119,121 @@ def test_an_unreadable_ledger_refuses_the_release(tmp_path, private_ledger_dir):
     assert store.read(fp).rho_spent == 0.5
     store.path(fp).write_text("{not json")
     with pytest.raises(LedgerFileError, match="unreadable"), store.open(fp, 1.0, 1e-5, "c"):
+        pass
+
+
+#: a node's own privacy, as its operator sets it: OpenDP noise, budget 2, at most 1.5 a release
+NODE_OWNED = {"noise": "opendp", "rho-budget": 2.0, "rho": 1.5, "reproducible-noise": False}
+
+
+def test_the_run_config_cannot_loosen_a_nodes_privacy(tmp_path, private_ledger_dir):
+    """The real ServerApp and ClientApps: a run asking for non-private releases and a huge
+    rho, or naming the node's own keys, loosens nothing; a run may ask for more privacy."""
+    from flwr.app import Context, RecordDict
+
+    from fedqhd.config import ConfigError
+    from fedqhd.learners import pool as pool_learner
+    from fedqhd.pool import count_visits
+    from fedqhd.seeding import pool_data_seed
+    from fedqhd.server.app import RunFailed
+    from fedqhd.server.app import main as server_main
+
+    preset = write_preset(tmp_path, "pool-small", trajectories=200, **{"eval-episodes": 50})
+    loose = {**SMALL, "preset": preset, "non-private": True, "pool-rho": 1000.0}
+
+    def serve(run_config: dict, name: str) -> tuple[InProcessGrid, dict]:
+        run_config = {**run_config, "output-dir": str(tmp_path / name)}
+        grid = InProcessGrid([client_app] * 2, run_config=run_config,
+                             node_configs=[NODE_OWNED] * 2)
+        server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                                  run_config=run_config))
+        return grid, json.loads(next((tmp_path / name).glob("*/*/results.json")).read_text())
+
+    def on_disk() -> list[dict]:
+        return [json.loads(f.read_text()) for f in sorted(private_ledger_dir.glob("*.json"))]
+
+    # the node's keys are no run-config keys: refused by name, by the ServerApp ...
+    for key, value in {"pool-rho-budget": 1e6, "pool-noise": "none",
+                       "reproducible-noise": True, "rho-budget": 1e6, "noise": "none"}.items():
+        with pytest.raises(ConfigError, match=rf"unknown run-config key.*'{key}' -> node-config"):
+            serve({**loose, key: value}, f"refused-{key}")
+        # ... and by every ClientApp, before it releases anything
+        cfg = RunConfig.from_run_config({**loose, "output-dir": str(tmp_path / "c")})
+        grid = InProcessGrid([client_app] * 2, run_config={**cfg.to_run_config(), key: value},
+                             node_configs=[NODE_OWNED] * 2)
+        final, _ = run_federation(grid, cfg)
+        assert final["status"] == "failed" and final["replies"][C.REPLIES_FAILED] == 2
+    assert on_disk() == []
+
+    # non-private = true and pool-rho = 1000: the nodes draw OpenDP noise at their own 1.5
+    grid, first = serve(loose, "loose")
+    assert first["final"]["status"] == "completed"
+    for entry in first["final"]["privacy-ledgers"].values():
+        assert entry["private"] is True and entry["rho-spent"] == pytest.approx(1.5)
+        assert entry["noise-secure"] == 1 and entry["noise-reproducible"] == 0
+        assert 0 < entry["epsilon"] < math.inf
+    cfg = RunConfig.from_run_config({**loose, "output-dir": str(tmp_path)})
+    zones, cells = pl.zoning(cfg)
+    for context in grid.contexts.values():
+        pid = int(context.node_config["partition-id"])
+        data = pl.generate_dataset(pl.inventory_model(cfg), cfg.pool.trajectories,
+                                   random_state=pool_data_seed(cfg.seed, pid))
+        released = context.state[pool_learner.STATE_COUNTS]["n_sas"].numpy()
+        assert not np.array_equal(released, count_visits(data.states, data.actions, zones,
+                                                         cells).n_sas)  # noise was drawn
+    assert [[(e["rho"], e["noise"]) for e in led["entries"]] for led in on_disk()] == [
+        [(0.75, "opendp-discrete-gaussian")] * 2] * 2
+
+    # a run may ask for more privacy: pool-rho 0.25 fits the 0.5 left
+    _, stricter = serve({**loose, "pool-rho": 0.25}, "stricter")
+    assert [e["rho-spent"] for e in stricter["final"]["privacy-ledgers"].values()] == [1.75] * 2
+
+    # the next loose run would take each shard past its node's budget: refused, on disk too
+    with pytest.raises(RunFailed, match="no round aggregated"):
+        serve(loose, "past-budget")
+    past = json.loads(next((tmp_path / "past-budget").glob("*/*/results.json")).read_text())
+    assert past["final"]["replies"][C.REPLIES_FAILED] == 2
+    assert [led["rho_spent"] for led in on_disk()] == [pytest.approx(1.75)] * 2
+    assert all(led["budget_rho"] == 2.0 for led in on_disk())
+
+
+def test_fedqhd_privacy_ledgers_reports_seeded_noise_as_infinite_epsilon(tmp_path, capsys):
+    from fedqhd.commands.main import main
+
+    cfg = _cfg(tmp_path)
+    _release(cfg, 0, **NUMPY, **{"ledger-dir": str(tmp_path / "fresh")})
+    _release(cfg, 0, **SEEDED, **{"ledger-dir": str(tmp_path / "seeded")})
+    assert main(["privacy", "ledgers", "--ledger-dir", str(tmp_path / "fresh")]) == 0
+    fresh = capsys.readouterr().out
+    assert "rho spent 1 of 10" in fresh and "(exact-gaussian)" in fresh and "inf" not in fresh
+    assert main(["privacy", "ledgers", "--ledger-dir", str(tmp_path / "seeded")]) == 0
+    assert "epsilon at delta 1e-05: inf (regenerable" in capsys.readouterr().out
+
+
+def test_a_ledger_folder_is_tightened_to_0700_whatever_the_umask_or_its_mode(
+        tmp_path, private_ledger_dir, monkeypatch):
+    """Another local user must not delete a ledger (and so reset a budget): a folder made
+    under umask 000, or chmod 0777 since, is 0700 once a release opens it; one another
+    user owns is refused."""
+    import os
+
+    old = os.umask(0)
+    try:
+        private_ledger_dir.mkdir(mode=0o777)
+        assert private_ledger_dir.stat().st_mode & 0o777 == 0o777
+        store = LedgerStore(private_ledger_dir)
+        fp = data_fingerprint(np.arange(3))
+        with store.open(fp, 1.0, 1e-5, "c") as ledger:
+            ledger.spend(0.5)
+        assert private_ledger_dir.stat().st_mode & 0o777 == 0o700
+        assert store.path(fp).stat().st_mode & 0o777 == 0o600
+        fresh = LedgerStore(tmp_path / "new" / "ledgers")  # made under umask 000
+        with fresh.open(fp, 1.0, 1e-5, "c") as ledger:
+            ledger.spend(0.5)
+        assert fresh.directory.stat().st_mode & 0o777 == 0o700
+    finally:
+        os.umask(old)
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)  # as if another user owned it
+    with pytest.raises(LedgerFileError, match=r"owned by uid \d+, not by this user"), \
+            store.open(fp, 1.0, 1e-5, "c"):
         pass

@@ -38,6 +38,7 @@ from fedqhd.data.shard import (
     save_shard,
 )
 from fedqhd.envs import get_spec, is_registered, load_env_modules
+from fedqhd.files import atomic_write
 
 __all__ = ["MANIFEST_NAME", "register"]
 
@@ -193,7 +194,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     manifest = {"format_version": FORMAT_VERSION, "settings": settings, "shards": entries}
-    (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    atomic_write(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
     total = sum(e["n_transitions"] for e in entries)
     print(f"wrote {len(entries)} shards ({total} transitions) and {MANIFEST_NAME} to {out}")
     return 0
@@ -331,7 +332,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     settings = {"env_id": args.env, "source": source, "num_partitions": args.num_partitions,
                 "partition": args.partition_key or "iid", "seed": args.seed}
     manifest = {"format_version": FORMAT_VERSION, "settings": settings, "shards": entries}
-    (out / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    atomic_write(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
     total = sum(e["n_transitions"] for e in entries)
     print(f"wrote {len(entries)} shards ({total} transitions of {len(arrays['actions'])}) and "
           f"{MANIFEST_NAME} to {out}")

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fedqhd.files import atomic_write
+
 __all__ = ["register"]
 
 
@@ -103,7 +105,7 @@ def cmd_compose(args: argparse.Namespace) -> int:
     if str(args.out) == "-":
         sys.stdout.write(text)
     else:
-        args.out.write_text(text)
+        atomic_write(args.out, text)
         print(f"wrote {args.out} with {args.num_supernodes} SuperNodes")
     return 0
 

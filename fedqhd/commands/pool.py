@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from fedqhd.envs.inventory import BEHAVIOURS, DEMANDS, MODELS
+from fedqhd.files import atomic_figure, atomic_write
 from fedqhd.pool.api import ZONINGS
 from fedqhd.pool.baselines import METHODS
 from fedqhd.studies.pool_experiments import Setting, grid_study, rho_study, run_grid, sweep_study
@@ -95,7 +96,7 @@ def _write(a: argparse.Namespace, name: str, rows: list[dict], x_of, xlabel: str
     out.mkdir(parents=True, exist_ok=True)
     payload = {"study": name, "seed": a.seed, "reps": a.reps, "args": vars(a) | {"func": None},
                "rows": rows, "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    (out / f"{name}.json").write_text(json.dumps(payload, indent=1, default=str))
+    atomic_write(out / f"{name}.json", json.dumps(payload, indent=1, default=str))
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for series in sorted({x_of(r)[0] for r in rows}):
         pts = [(x_of(r)[1], r["gap_mean"], r["gap_std"]) for r in rows if x_of(r)[0] == series]
@@ -108,8 +109,10 @@ def _write(a: argparse.Namespace, name: str, rows: list[dict], x_of, xlabel: str
     ax.set_title(f"{name}: mean +- std over {a.reps} reps, seed {a.seed}", fontsize=9)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / f"{name}.png", dpi=120)
-    plt.close(fig)
+    try:
+        atomic_figure(fig, out / f"{name}.png", dpi=120)
+    finally:
+        plt.close(fig)
     for r in rows:
         print(f"{r['label']:>22s} {r['method']:>10s}  gap {r['gap_mean']:7.1f} "
               f"+- {r['gap_std']:5.1f} %   fit {r['fit_s_mean']:.3f}s")
@@ -151,8 +154,8 @@ def _pool_preset(folder: str, name: str, **settings: object) -> str:
     path = Path(folder) / f"{name}.toml"
     lines = [f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"'
              for k, v in values.items()]
-    path.write_text(f"# {name}: {preset_path('pool')} with {settings}\n" + "\n".join(lines)
-                    + "\n")
+    atomic_write(path, f"# {name}: {preset_path('pool')} with {settings}\n"
+                 + "\n".join(lines) + "\n")
     return str(path)
 
 
@@ -199,7 +202,7 @@ def federated_study(clients: int, rho: float, seeds: int, **settings: object
                 "num-server-rounds": 1, "pool-rho": rho, "min-nodes": clients,
                 "output-dir": tmp, "preset": preset})
             nodes = [{"ledger-dir": f"{tmp}/ledgers", "noise": "numpy",
-                      "reproducible-noise": True}] * clients
+                      "reproducible-noise": True, "rho": rho}] * clients
             grid = InProcessGrid([client_app] * clients, run_config=cfg.to_run_config(),
                                  node_configs=nodes)
             _, out_dir = run_federation(grid, cfg)
@@ -223,7 +226,7 @@ def _federated(a: argparse.Namespace) -> int:
     res = federated_study(a.clients, a.rho, a.seeds, trajectories=a.trajectories)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "federated.json").write_text(json.dumps(res, indent=1, default=float))
+    atomic_write(out / "federated.json", json.dumps(res, indent=1, default=float))
     print(json.dumps({k: res[k] for k in ("clients", "rho", "mean", "std")}, indent=1))
     print(f"wrote {out / 'federated.json'}")
     return 0

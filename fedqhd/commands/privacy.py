@@ -1,5 +1,7 @@
 """``fedqhd privacy audit``: an empirical epsilon lower bound for POOL's count release,
-printed beside the claimed epsilon; exits 1 when the bound exceeds the claim."""
+printed beside the claimed epsilon; exits 1 when the bound exceeds the claim.
+``fedqhd privacy ledgers``: what a node's on-disk ledgers have spent, and their epsilon
+(infinite for a shard released with regenerable, seeded noise)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import argparse
 import json
 import time
 from pathlib import Path
+
+from fedqhd.files import atomic_write
 
 
 def _audit(a: argparse.Namespace) -> int:
@@ -44,17 +48,39 @@ def _audit(a: argparse.Namespace) -> int:
     print(f"claimed epsilon ({res.claim_conversion}): {res.claimed_epsilon:.3f}   "
           f"[exact Gaussian {res.epsilon_exact_gaussian:.3f}, OpenDP discrete-Gaussian map "
           f"{res.epsilon_opendp:.3f}, CKS {res.epsilon_cks:.3f}]")
+    if res.seed is not None:
+        print("note: the audit seeds its numpy noise to repeat its draws; the claim is the "
+              "mechanism's epsilon for noise nobody can regenerate (a release whose seed is "
+              "known has epsilon = inf)")
     verdict = ("FLAGGED: the lower bound exceeds the claim; this mechanism is not "
                f"{a.rho:g}-zCDP" if res.flagged else "consistent: the bound stays below the claim")
     print(verdict)
     if a.out:
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({**res.to_dict(), "neighbours": a.neighbours,
+        atomic_write(out, json.dumps({**res.to_dict(), "neighbours": a.neighbours,
                                    "horizon": a.horizon, "trajectories": a.trajectories,
                                    "wall-time-s": round(wall, 2)}, indent=1))
         print(f"wrote {out}")
     return 1 if res.flagged else 0
+
+
+def _ledgers(a: argparse.Namespace) -> int:
+    from fedqhd.privacy.store import LedgerStore, ledger_dir
+
+    store = LedgerStore(a.ledger_dir or ledger_dir({}))
+    paths = sorted(store.directory.glob("*.json")) if store.directory.is_dir() else []
+    print(f"{len(paths)} ledger(s) in {store.directory}")
+    for path in paths:
+        ledger = store.read(path.stem)
+        assert ledger is not None
+        eps = ledger.epsilon()
+        shown = (f"inf ({ledger.conversion}: seeded noise, no privacy)" if eps == float("inf")
+                 else f"{eps:.3f} ({ledger.conversion})")
+        print(f"{path.stem[:12]}  {ledger.client_id}: rho spent {ledger.rho_spent:g} of "
+              f"{ledger.budget_rho:g} in {len(ledger.entries)} entries; epsilon at delta "
+              f"{ledger.delta:g}: {shown}")
+    return 0
 
 
 def register(subparsers) -> None:
@@ -83,3 +109,7 @@ def register(subparsers) -> None:
     a.add_argument("--seed", type=int, default=0, help="seeds the data and numpy noise")
     a.add_argument("--out", default="", help="write the result as JSON here")
     a.set_defaults(func=_audit)
+    led = sub.add_parser("ledgers", help="a node's privacy ledgers: rho spent, budget, epsilon")
+    led.add_argument("--ledger-dir", default="", help="the node's ledger folder (default: "
+                     "$FEDQHD_LEDGER_DIR, else ~/.fedqhd/ledgers)")
+    led.set_defaults(func=_ledgers)

@@ -60,6 +60,7 @@ size (a zip bomb is refused before it is expanded).
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import warnings
@@ -495,6 +496,8 @@ def load_shard(path: str | os.PathLike[str], expected_env_id: str | None = None,
         if isinstance(exc, ShardError):
             raise
         raise _fail(source, f"cannot read as a .npz archive ({exc})") from None
+    except MemoryError:  # the checks above bound what a header may declare; a last guard
+        raise _fail(source, "too large to load into memory") from None
     raw = contents.pop("metadata", None)
     if raw is None:
         raise _fail(source, "missing arrays: metadata")
@@ -510,12 +513,20 @@ def load_shard(path: str | os.PathLike[str], expected_env_id: str | None = None,
 
 def _check_archive(path: str | os.PathLike[str], source: str, limits: ShardLimits) -> None:
     """Refuse, from the zip directory and the ``.npy`` headers alone, an archive with
-    unexpected members, more rows than ``limits.max_transitions`` or an expansion
-    above ``limits.max_compression_ratio`` (a non-zip file is left to ``np.load``).
+    unexpected members, more rows than ``limits.max_transitions``, an expansion above
+    ``limits.max_compression_ratio``, or an array whose header declares more bytes than
+    its member holds (a single ``.npy`` is refused as it is; another non-zip file is left
+    to ``np.load``).
 
-    The declared sizes bind: :mod:`zipfile` never inflates a member beyond its
-    declared size (more data fails its CRC check)."""
+    numpy allocates an array from its header's shape before reading a byte of it, so a
+    300-byte member declaring a (1, 10**12) array would be a MemoryError: every header's
+    total size is checked against its member's declared size, which the ratio check bounds
+    by the file size. The declared sizes bind: :mod:`zipfile` never inflates a member
+    beyond its declared size (more data fails its CRC check)."""
     if not zipfile.is_zipfile(path):
+        with open(path, "rb") as fh:
+            if fh.read(6) == b"\x93NUMPY":
+                raise _fail(source, "not a .npz archive (a single .npy array?)")
         return
     with zipfile.ZipFile(path) as archive:
         infos = archive.infolist()
@@ -532,23 +543,33 @@ def _check_archive(path: str | os.PathLike[str], source: str, limits: ShardLimit
                                 "refused before decompressing (a zip bomb?)")
         for info, key in zip(infos, keys, strict=True):
             with archive.open(info) as member:
-                rows = _declared_rows(member)
-            if rows is not None and rows > limits.max_transitions:
-                raise _fail(source, f"{key} declares {rows} rows, more than "
+                header = _declared_array(member)
+            if header is None:
+                continue  # no readable header: np.load reports it
+            shape, nbytes, header_bytes = header
+            if shape and shape[0] > limits.max_transitions:
+                raise _fail(source, f"{key} declares {shape[0]} rows, more than "
                                     f"max-shard-transitions = {limits.max_transitions}; "
                                     "split the data into more shards or raise the cap")
+            if nbytes > info.file_size - header_bytes:
+                raise _fail(source, f"{key} declares shape {shape} ({nbytes} bytes) but its "
+                                    f"member holds {max(info.file_size - header_bytes, 0)} "
+                                    "bytes of data; refused before allocating (truncated "
+                                    "or forged header)")
 
 
-def _declared_rows(member: Any) -> int | None:
-    """The first dimension a ``.npy`` header declares (``None``: no header, or 0-d)."""
+def _declared_array(member: Any) -> tuple[tuple[int, ...], int, int] | None:
+    """What a ``.npy`` header declares: (shape, bytes of data, bytes of the header);
+    ``None`` for no readable header."""
     try:
         version = np.lib.format.read_magic(member)
         read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                 else np.lib.format.read_array_header_2_0)
-        shape = read(member, max_header_size=10_000)[0]
+        shape, _, dtype = read(member, max_header_size=10_000)
+        header_bytes = member.tell()
     except Exception:  # noqa: BLE001 - a bad header is np.load's to report
         return None
-    return int(shape[0]) if shape else None
+    return tuple(int(n) for n in shape), math.prod(shape) * dtype.itemsize, header_bytes
 
 
 def _reject_constant(name: str) -> float:

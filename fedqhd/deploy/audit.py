@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from fedqhd.files import atomic_write
+
 LOG_DIR_VAR = "FEDQHD_AUDIT_DIR"
 
 #: audit events whose first argument is a path being read, written or listed
@@ -58,7 +60,7 @@ def audit_env(log_dir: str | os.PathLike[str]) -> dict[str, str]:
     log_dir = Path(log_dir).resolve()
     site = log_dir / "site"
     site.mkdir(parents=True, exist_ok=True)
-    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    atomic_write(site / "sitecustomize.py", _SITECUSTOMIZE)
     path = [str(site), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {LOG_DIR_VAR: str(log_dir), "PYTHONPATH": os.pathsep.join(path)}
 

@@ -25,6 +25,7 @@ import datetime as dt
 import ipaddress
 import os
 import secrets
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -33,10 +34,24 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fedqhd.files import tight_folder
+
 #: names every server certificate carries: loopback, and the compose service name
 DEFAULT_SANS = ("localhost", "127.0.0.1", "superlink")
 
 _PEM = serialization.Encoding.PEM
+
+
+#: credential folders others may read (every other one holds a key or a secret: 0700)
+PUBLIC_FOLDERS = ("public",)
+
+
+def _folder(path: Path) -> Path:
+    """A credentials folder with its final mode whatever the umask or its earlier mode:
+    0755 for :data:`PUBLIC_FOLDERS`, else 0700 (nobody else may list, swap or delete a key).
+    Not checked for its owner: the compose ``certs`` service reruns as root on folders it
+    gave the app user."""
+    return tight_folder(path, 0o755 if path.name in PUBLIC_FOLDERS else 0o700, own=False)
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> Path:
@@ -113,7 +128,9 @@ def make_server_cert(out: Path, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x50
 
 def make_supernode_key(folder: Path, comment: str = "") -> tuple[Path, Path]:
     """An ECDSA P-384 key pair in OpenSSH format (what ``flwr supernode register`` and
-    ``--auth-supernode-private-key`` take); returns (private, public) paths."""
+    ``--auth-supernode-private-key`` take) in ``folder`` (made 0700); returns (private,
+    public) paths."""
+    _folder(folder)
     key = ec.generate_private_key(ec.SECP384R1())
     private = key.private_bytes(_PEM, serialization.PrivateFormat.OpenSSH,
                                 serialization.NoEncryption())
@@ -154,6 +171,13 @@ def make_credentials(out: str | os.PathLike[str], num_supernodes: int,
     if num_supernodes < 1:
         raise ValueError("num_supernodes must be >= 1")
     root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    info = root.stat()
+    if info.st_uid == os.geteuid() or os.geteuid() == 0:  # nobody else swaps a folder in it
+        os.chmod(root, stat.S_IMODE(info.st_mode) & ~0o022)
+    for name in ("ca", "superlink", "superexec-serverapp", *PUBLIC_FOLDERS,
+                 *(f"supernode-{i}" for i in range(1, num_supernodes + 1))):
+        _folder(root / name)  # before a key goes in
     loaded = _load_ca(root)
     ca_key, ca_cert = loaded if loaded else make_ca(root, days)
     ca_pem = ca_cert.public_bytes(_PEM)

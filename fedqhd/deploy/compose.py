@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from fedqhd.node_config import NodeSettings, node_config_arg
+
 FLWR_VERSION = "1.42.0"  #: the flwr version pyproject.toml pins; image tags follow it
 FLWR_UID = 49999  #: the ``app`` user of Flower's images
 
@@ -217,7 +219,7 @@ _NODE = """
       - --port
       - "9094"
       - --node-config
-      - 'partition-id=@PID@ num-partitions=@N@ data-dir="/app/data"'
+      - '@NODE_CONFIG@'
     volumes:
       - credentials-supernode-@I@:/app/credentials:ro
     restart: unless-stopped
@@ -236,6 +238,7 @@ _NODE = """
     volumes:
       - credentials-supernode-@I@:/app/credentials:ro
       - shard-supernode-@I@:/app/data:ro   # this node's shard, nobody else's
+      - ledgers-supernode-@I@:/app/ledgers # its privacy ledgers: budgets outlive containers
     deploy:
       resources:
         limits:
@@ -250,8 +253,11 @@ _NODE = """
 """
 
 
-def render_compose(num_supernodes: int = 3) -> str:
-    """The compose file for ``num_supernodes`` SuperNodes (partition ``i - 1`` on node i)."""
+def render_compose(num_supernodes: int = 3, privacy: NodeSettings | None = None) -> str:
+    """The compose file for ``num_supernodes`` SuperNodes (partition ``i - 1`` on node i),
+    each with ``privacy``'s keys (default: the safe defaults) written out in its node
+    config, and its ledgers on a volume of its own."""
+    pinned = node_config_arg((privacy or NodeSettings()).privacy())
     if num_supernodes < 1:
         raise ValueError("num_supernodes must be >= 1")
     n = num_supernodes
@@ -266,9 +272,11 @@ def render_compose(num_supernodes: int = 3) -> str:
     data_copies = "\n".join(
         f"          cp /tmp/shards/shard-{i - 1}.npz /shards/supernode-{i}/"
         f' && echo "{i - 1} of {n}" > /shards/supernode-{i}/partition' for i in ids)
-    nodes = "".join(_fill(_NODE, I=i, PID=i - 1, N=n) for i in ids)
+    nodes = "".join(_fill(_NODE, I=i, NODE_CONFIG=(
+        f'partition-id={i - 1} num-partitions={n} data-dir="/app/data" '
+        f'ledger-dir="/app/ledgers" {pinned}')) for i in ids)
     node_volumes = "".join(f"  credentials-supernode-{i}:\n  shard-supernode-{i}:\n"
-                           for i in ids)
+                           f"  ledgers-supernode-{i}:\n" for i in ids)
     return _fill(_HEADER, N=n, CERT_VOLUMES=cert_volumes, DATA_VOLUMES=data_volumes,
                  DATA_CHECKS=data_checks, DATA_COPIES=data_copies, NODES=nodes,
                  NODE_VOLUMES=node_volumes)

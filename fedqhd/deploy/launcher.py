@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from fedqhd.deploy.certs import make_credentials
+from fedqhd.files import atomic_write
+from fedqhd.node_config import NodeSettings, node_config_arg
 
 #: connection name written to the private ``$FLWR_HOME/config.toml``
 CONNECTION = "fedqhd-local"
@@ -171,13 +173,17 @@ class LocalDeployment:
     server_env : mapping
         Extra environment for the SuperLink and the ServerApp's SuperExec (and so
         the ServerApp), e.g. ``PYTHONPATH`` for an audit hook.
+    privacy : NodeSettings or None
+        Every SuperNode's privacy keys (``noise``, ``rho-budget``, ``rho``,
+        ``reproducible-noise``), written out in full in its ``--node-config``; None:
+        the safe defaults (OpenDP noise, budget 10, at most rho 1 a release, no seeds).
     """
 
     def __init__(self, workdir: str | os.PathLike[str], num_supernodes: int = 3,
                  shards_dir: str | os.PathLike[str] | None = None,
                  app_dir: str | os.PathLike[str] | None = None, tls: bool = True,
                  auth: bool = True, server_env: Mapping[str, str] | None = None,
-                 startup_timeout_s: float = 60.0) -> None:
+                 startup_timeout_s: float = 60.0, privacy: NodeSettings | None = None) -> None:
         if num_supernodes < 1:
             raise ValueError("num_supernodes must be >= 1")
         self.workdir = Path(workdir).resolve()
@@ -187,6 +193,7 @@ class LocalDeployment:
         self.tls, self.auth = tls, auth
         self.server_env = dict(server_env or {})
         self.startup_timeout_s = startup_timeout_s
+        self.privacy = privacy or NodeSettings()
         self.creds = self.workdir / "credentials"
         self.logs = self.workdir / "logs"
         self.flwr_home = self.workdir / "flwr-home"
@@ -269,7 +276,7 @@ class LocalDeployment:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file,
                                 stderr=subprocess.STDOUT, env=self.env(env),
                                 cwd=str(cwd or self.workdir), start_new_session=True)
-        (self.logs / f"{name}.pgid").write_text(str(proc.pid))  # for operators and tests
+        atomic_write(self.logs / f"{name}.pgid", str(proc.pid))  # for operators and tests
         service = Service(name, argv, log_path, proc, log_file, watched=watch)
         self.services[name] = service
         return service
@@ -328,6 +335,7 @@ class LocalDeployment:
         node_config = f"partition-id={i - 1} num-partitions={self.num_supernodes}"
         if self.shards_dir is not None:
             node_config += f' data-dir="{self.node_data(i)}"'
+        node_config += " " + node_config_arg(self.privacy.privacy())
         argv = [_bin("flower-supernode"), "--superlink", self.address,
                 *self._tls_args(node / "ca.crt"),
                 "--isolation", "process", "--host", "127.0.0.1",
@@ -390,7 +398,7 @@ class LocalDeployment:
         else:
             lines.append("insecure = true")
         path = self.flwr_home / "config.toml"
-        path.write_text("\n".join(lines) + "\n")
+        atomic_write(path, "\n".join(lines) + "\n")
         return path
 
     # ---- readiness --------------------------------------------------------

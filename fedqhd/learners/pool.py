@@ -45,6 +45,8 @@ from fedqhd.pool.counts import NoisyCounts
 from fedqhd.strategies import FedQHDAnchor, PrivacyScreen
 from fedqhd.strategies import contract as C
 
+#: the epsilons of a reply, infinite for a client whose noise can be regenerated
+EPSILON_KEYS = (C.EPSILON, C.EPSILON_CKS, C.EPSILON_EXACT)
 STATE_COUNTS = "pool-noisy-counts"  #: context.state ArrayRecord: the released counts
 STATE_RELEASE = "pool-release"      #: context.state ConfigRecord: release facts and ledger
 ENV_IDS: tuple[str, ...] = (ENV_ID,)  #: the tasks this learner runs on
@@ -81,6 +83,26 @@ def stored_counts(arrays: ArrayRecord, facts: ConfigRecord, cfg: RunConfig
     counts = NoisyCounts(a["n_sa"], a["n_sas"], zones, cells, rho if rho > 0 else math.inf,
                          float(facts["sigma"]), str(facts["noise"]))  # type: ignore[arg-type]
     return counts, json.loads(str(facts["metrics"]))
+
+
+def reply_metrics(metrics: Metrics) -> Metrics:
+    """A train reply's metrics: the ledger's, less an infinite epsilon.
+
+    Regenerable (seeded) noise has ``epsilon = inf`` (:mod:`fedqhd.privacy.ledger`). A
+    MetricRecord carries ``inf``, but fedqhd's strategies refuse a reply with any
+    non-finite metric (a crafted one would poison the weighted means), so an infinite
+    epsilon leaves the reply as an absent key: the reply's ``noise-reproducible = 1``
+    says why, and :func:`report_ledger` writes it back as ``inf`` in the run's report.
+    """
+    return {k: v for k, v in metrics.items() if not (k in EPSILON_KEYS and v == math.inf)}
+
+
+def report_ledger(entry: dict[str, Any]) -> dict[str, Any]:
+    """A client's ledger as the run reports it: ``inf`` for the epsilons of a private
+    client whose noise is regenerable (left out of its replies by :func:`reply_metrics`)."""
+    if entry.get(C.PRIVATE) and entry.get(C.NOISE_REPRODUCIBLE):
+        return {**entry, **dict.fromkeys(EPSILON_KEYS, math.inf)}
+    return entry
 
 
 _EVALUATORS: dict[RunConfig, GapEvaluator] = {}
@@ -159,7 +181,7 @@ class Pool:
                      ) -> dict[str, Any] | None:
         screen = plan.strategy
         assert isinstance(screen, PrivacyScreen)
-        ledgers = {str(pid): entry for pid, entry in sorted(screen.ledgers.items())}
+        ledgers = {str(pid): report_ledger(entry) for pid, entry in sorted(screen.ledgers.items())}
         return {"privacy-ledgers": ledgers, "gap-percent": rows[-1].get(C.GAP) if rows else None}
 
     def train(self, context: Context, cfg: RunConfig, arrays: Arrays
@@ -173,7 +195,7 @@ class Pool:
         if C.TEACHER in arrays:
             _, residual = adopt_teacher(learner, anchors, arrays[C.TEACHER], cfg.pool.trust)
             metrics[C.PROJECTION_RESIDUAL] = residual
-        return {C.Q_ANCHORS: anchor_values(learner, anchors)}, metrics
+        return {C.Q_ANCHORS: anchor_values(learner, anchors)}, reply_metrics(metrics)
 
     def evaluate(self, context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
         """Gap of the client's own POOL policy (alone) and of its teacher-informed policy.

@@ -41,11 +41,12 @@ from fedqhd.envs.inventory import (
     optimal_policy,
     relative_gap,
 )
+from fedqhd.node_config import NodeSettings
 from fedqhd.pool.api import client_release, make_pool_learner, make_zoning
 from fedqhd.pool.counts import NoisyCounts, Zoning, count_visits, exact_counts
 from fedqhd.pool.learner import PoolLearner
 from fedqhd.pool.zones import PostDecisionZones, StateCells
-from fedqhd.privacy import NOISE_KINDS, PrivacyLedger, make_noise_source
+from fedqhd.privacy import PrivacyLedger, make_noise_source
 from fedqhd.privacy.store import LedgerStore, data_fingerprint, ledger_dir
 from fedqhd.seeding import (
     pool_anchor_rng,
@@ -93,17 +94,18 @@ def learner_options(cfg: RunConfig) -> dict[str, Any]:
     return {"kernel": kernel, "threshold_sigmas": 3.0 if post else None}
 
 
-#: a node's privacy defaults when its node config says nothing
-DEFAULT_NOISE = "opendp"
-DEFAULT_RHO_BUDGET = 10.0
-
-
 @dataclass(frozen=True)
 class ClientPrivacy:
-    """A client's privacy settings, the node's own: its node config's ``noise`` (default
-    opendp), ``rho-budget`` (default 10) and ``reproducible-noise`` (numpy noise seeded
-    from the run's seed and partition; default off), and ``rho`` (default: the run
-    config's ``pool-rho``). The run submitter cannot weaken a node's noise or budget."""
+    """A client's privacy settings, the node's own (:class:`~fedqhd.node_config.NodeSettings`:
+    ``noise``, ``rho-budget``, ``rho``, ``reproducible-noise``; safe defaults: OpenDP noise,
+    budget 10, at most rho 1 a release, noise nobody can regenerate).
+
+    The run config may only ask for more privacy: a release spends
+    ``min(run pool-rho, node rho)``, so the node's ``rho`` is a per-release maximum. Its
+    ``non-private`` key cannot switch a node's noise off (only node ``noise = "none"``
+    does, and then only in a run marked non-private), and seeded noise needs the node's
+    ``reproducible-noise = true``.
+    """
 
     rho: float
     budget: float
@@ -114,22 +116,11 @@ class ClientPrivacy:
 
     @classmethod
     def of(cls, cfg: RunConfig, node_config: dict[str, Any]) -> ClientPrivacy:
-        noise = str(node_config.get("noise", DEFAULT_NOISE))
-        if noise not in NOISE_KINDS:
-            raise ValueError(f"node config 'noise' = {noise!r}: expected one of "
-                             f"{', '.join(NOISE_KINDS)}")
-        rho = float(node_config.get("rho", cfg.pool_rho))
-        if not rho > 0 or not math.isfinite(rho):
-            raise ValueError(f"node config 'rho' = {rho!r}: expected a positive finite number")
-        budget = float(node_config.get("rho-budget", DEFAULT_RHO_BUDGET))
-        if not budget > 0 or not math.isfinite(budget):
-            raise ValueError(f"node config 'rho-budget' = {budget!r}: expected a positive "
-                             "finite number")
-        reproducible = node_config.get("reproducible-noise", False)
-        if not isinstance(reproducible, bool):
-            raise ValueError(f"node config 'reproducible-noise' = {reproducible!r}: expected "
-                             "true or false")
-        return cls(rho, budget, noise, cfg.pool.delta, ledger_dir(node_config), reproducible)
+        """The node's settings (:class:`~fedqhd.node_config.NodeConfigError` for a bad
+        one) with the run's ``pool-rho`` where it is the smaller."""
+        node = NodeSettings.of(node_config)
+        return cls(min(cfg.pool_rho, node.rho), node.rho_budget, node.noise, cfg.pool.delta,
+                   ledger_dir(node_config), node.reproducible_noise)
 
 
 # ------------------------------------------------------------ the one release
@@ -176,8 +167,10 @@ def ledger_metrics(counts: NoisyCounts, ledger: PrivacyLedger, pid: int, cfg: Ru
     A non-private client reports ``private = 0`` and no epsilon (it has none).
     ``num-transitions`` is n * H: n is public under replace-one neighbouring datasets.
     ``noise-secure`` is 1 only if every release used a secure sampler;
-    ``noise-reproducible`` is 1 if any release's noise was seeded from the run config.
-    ``rho-spent`` is the shard's total over every run (the on-disk ledger).
+    ``noise-reproducible`` is 1 if any release's noise was seeded from the run config,
+    and then every epsilon is ``inf`` (regenerable noise hides nothing; a MetricRecord
+    carries ``inf`` as it is). ``rho-spent`` is the shard's total over every run (the
+    on-disk ledger).
     """
     out: dict[str, float] = {C.PARTITION_ID: pid, C.PRIVATE: int(counts.private),
                              C.NUM_TRANSITIONS: cfg.pool.trajectories * cfg.pool.horizon}
@@ -187,8 +180,7 @@ def ledger_metrics(counts: NoisyCounts, ledger: PrivacyLedger, pid: int, cfg: Ru
                     C.EPSILON_EXACT: ledger.epsilon_exact(), C.EPSILON: ledger.epsilon(),
                     C.NOISE_SIGMA: counts.sigma,
                     C.NOISE_SECURE: int(all(e.get("secure", False) for e in ledger.entries)),
-                    C.NOISE_REPRODUCIBLE: int(any(e.get("reproducible", True)
-                                                  for e in ledger.entries))})
+                    C.NOISE_REPRODUCIBLE: int(ledger.regenerable)})
     return out
 
 

@@ -16,6 +16,16 @@ every release is a continuous Gaussian, OpenDP's own privacy map
 (``make_zCDP_to_approxDP`` of its discrete Gaussian at the composed rho) when
 every release is OpenDP's discrete Gaussian, and CKS (valid for any
 rho-zCDP mechanism) otherwise.
+
+Every conversion assumes noise nobody else can draw again. Noise seeded from a run
+config (an entry with ``reproducible: true``) is regenerable by whoever holds that
+config, who subtracts it and reads the exact counts: such a release protects nothing,
+and the ledger reports it as what it is, ``epsilon = inf`` (conversion ``regenerable``)
+in every epsilon it gives, also the CKS and exact-Gaussian ones. Its rho is still
+charged to the budget (the budget counts what was spent, not what it bought).
+In JSON (ledger files, ``results.json``) an infinite epsilon is Python's ``Infinity``
+token, which :func:`json.loads` reads back as ``float("inf")``; Flower's ``MetricRecord``
+carries ``inf`` as it is (a protobuf double).
 """
 
 from __future__ import annotations
@@ -84,8 +94,19 @@ def conversion_for(noise_labels: list[str]) -> str:
 _CONVERSIONS = {"exact-gaussian": epsilon_exact, "opendp": epsilon_opendp, "cks": epsilon_cks}
 
 
+#: the conversion of a ledger with a regenerable release: no privacy, epsilon = inf
+REGENERABLE = "regenerable"
+
+
+def regenerable(entry: dict[str, Any]) -> bool:
+    """Whether a release's noise can be drawn again (seeded from a known seed)."""
+    return bool(entry.get("reproducible", False))
+
+
 def epsilon_by(conversion: str, rho: float, delta: float) -> float:
     """epsilon(delta) of total ``rho`` by a named conversion (see :func:`conversion_for`)."""
+    if conversion == REGENERABLE:
+        return math.inf
     return _CONVERSIONS[conversion](rho, delta)
 
 
@@ -132,30 +153,44 @@ class PrivacyLedger:
         self.check(rho)
         self.entries.append({"label": label, "rho": float(rho), **info})
 
+    @property
+    def regenerable(self) -> bool:
+        """Whether any release's noise can be regenerated (then every epsilon is inf)."""
+        return any(regenerable(e) for e in self.entries)
+
+    def _epsilon(self, conversion: str, delta: float | None) -> float:
+        return epsilon_by(REGENERABLE if self.regenerable else conversion, self.rho_spent,
+                          self.delta if delta is None else delta)
+
     def epsilon_cks(self, delta: float | None = None) -> float:
-        return epsilon_cks(self.rho_spent, self.delta if delta is None else delta)
+        """epsilon(delta) by CKS; inf with a regenerable release."""
+        return self._epsilon("cks", delta)
 
     def epsilon_exact(self, delta: float | None = None) -> float:
-        return epsilon_exact(self.rho_spent, self.delta if delta is None else delta)
+        """epsilon(delta) of the exact Gaussian curve; inf with a regenerable release."""
+        return self._epsilon("exact-gaussian", delta)
 
     @property
     def conversion(self) -> str:
         """The epsilon conversion valid for every release so far (see module docstring)."""
+        if self.regenerable:
+            return REGENERABLE
         return conversion_for([str(e.get("noise", "")) for e in self.entries])
 
     def epsilon(self, delta: float | None = None) -> float:
         """epsilon(delta) by the conversion valid for the noise actually used."""
-        return _CONVERSIONS[self.conversion](self.rho_spent,
-                                             self.delta if delta is None else delta)
+        return self._epsilon(self.conversion, delta)
 
     def epsilon_by_noise(self, delta: float | None = None) -> dict[str, dict[str, Any]]:
         """Per noise source: rho spent with it, the valid conversion and its epsilon."""
         dlt = self.delta if delta is None else delta
         out: dict[str, dict[str, Any]] = {}
         for label in dict.fromkeys(str(e.get("noise", "")) for e in self.entries):
-            rho = float(sum(e["rho"] for e in self.entries if str(e.get("noise", "")) == label))
-            conv = conversion_for([label])
-            out[label] = {"rho": rho, "conversion": conv, "epsilon": _CONVERSIONS[conv](rho, dlt)}
+            mine = [e for e in self.entries if str(e.get("noise", "")) == label]
+            rho = float(sum(e["rho"] for e in mine))
+            conv = (REGENERABLE if any(regenerable(e) for e in mine)
+                    else conversion_for([label]))
+            out[label] = {"rho": rho, "conversion": conv, "epsilon": epsilon_by(conv, rho, dlt)}
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,6 +204,7 @@ class PrivacyLedger:
             "epsilon_exact_gaussian": self.epsilon_exact(),
             "epsilon": self.epsilon(),
             "epsilon_conversion": self.conversion,
+            "noise_regenerable": self.regenerable,
             "epsilon_by_noise": self.epsilon_by_noise(),
             "entries": [dict(e) for e in self.entries],
         }

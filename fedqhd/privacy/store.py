@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from fedqhd.files import atomic_write
+from fedqhd.files import atomic_write, tight_folder
 from fedqhd.privacy.ledger import PrivacyLedger
 
 LEDGER_DIR_KEY = "ledger-dir"           #: node-config key naming the node's ledger directory
@@ -55,7 +55,9 @@ def ledger_dir(node_config: Mapping[str, Any]) -> Path:
 
 
 class LedgerStore:
-    """One ledger file per data fingerprint under ``directory`` (created 0700)."""
+    """One ledger file per data fingerprint under ``directory``: made (or tightened to)
+    0700 when opened, whatever the umask or its earlier mode, and refused when another
+    user owns it."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory).expanduser()
@@ -84,7 +86,11 @@ class LedgerStore:
         Whatever the caller spends is written back atomically when the block ends,
         also when it ends with an exception (a spend may precede a failed draw).
         """
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:  # 0700 and ours: another local user must not delete a ledger (a fresh budget)
+            tight_folder(self.directory)
+        except PermissionError as exc:
+            raise LedgerFileError(f"privacy ledger folder: {exc}; releases are refused until "
+                                  "it is this node's own") from None
         path = self.path(fingerprint)
         lock_fd = os.open(self.directory / f".{fingerprint}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:

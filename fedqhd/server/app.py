@@ -164,7 +164,13 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
         raise
     status = run_status(recorder.rounds, cfg)
     report = learner.final_report(cfg, plan, recorder.rounds) or {}
-    final = recorder.finish(C.from_array_record(latest["arrays"]), {**status, **report, **extra})
+    try:
+        final = recorder.finish(C.from_array_record(latest["arrays"]),
+                                {**status, **report, **extra})
+    except Exception as exc:  # results.json says failed (RunRecorder.finish); so does the log
+        log(ERROR, "fedqhd: run failed writing its outputs: %s: %s; results in %s",
+            type(exc).__name__, exc, out_dir)
+        raise
     log(INFO, "%s: %s; results in %s", learner.log_label, learner.final_line(final), out_dir)
     if final["status"] == "failed":
         log(ERROR, "fedqhd: run FAILED: %s", final["reason"])

@@ -16,7 +16,7 @@ import numpy as np
 
 from fedqhd import __version__
 from fedqhd.config import RunConfig
-from fedqhd.files import append_line, atomic_save, atomic_write
+from fedqhd.files import append_line, atomic_figure, atomic_save, atomic_write
 from fedqhd.learners.base import RETURN_CURVES, Curves
 
 ROUNDS = "rounds.jsonl"    #: one JSON object per round, appended as rounds end
@@ -105,7 +105,14 @@ class RunRecorder:
 
     def finish(self, arrays: dict[str, np.ndarray], extra: dict[str, Any] | None = None
                ) -> dict[str, Any]:
-        """Write the final entry, the model and the plot; returns the final entry."""
+        """Write the model, the plot and then ``results.json`` with the final entry; returns
+        the final entry.
+
+        If the model or the plot cannot be written (a full disk), ``results.json`` still
+        says so: its status is ``failed`` with the error as the reason (whatever the run's
+        status was), and the error is raised again. A ``results.json`` that cannot be
+        written raises; being atomic, it never says ``completed`` for outputs it lacks.
+        """
         evaluated = [r for r in self.rounds if "return-mean" in r]
         last = evaluated[-1] if evaluated else {}
         best = max(evaluated, key=lambda r: r["return-mean"]) if evaluated else {}
@@ -116,13 +123,25 @@ class RunRecorder:
         final.update(extra or {})
         # typed as Any: numpy's stub would match ** of arrays against allow_pickle: bool
         payload: dict[str, Any] = arrays
-        atomic_save(self.out_dir / "final_model.npz", lambda fh: np.savez(fh, **payload))
+        try:
+            atomic_save(self.out_dir / "final_model.npz", lambda fh: np.savez(fh, **payload))
+            self.plot()
+        except Exception as exc:
+            earlier = final.get("reason")
+            final.update(status="failed", reason=(
+                f"writing the run's outputs failed: {type(exc).__name__}: {exc}"
+                + (f" (after: {earlier})" if final.get("status") == "failed" and earlier
+                   else "")))
+            self._write_results(final)
+            raise
+        self._write_results(final)
+        return final
+
+    def _write_results(self, final: dict[str, Any]) -> None:
         results = {"seed": self.cfg.seed, "env-id": self.cfg.env_id,
                    "strategy": self.cfg.resolved_strategy, "encoder": self.cfg.encoder,
                    "rounds": self.rounds, "final": final}
         atomic_write(self.out_dir / RESULTS, json.dumps(results, indent=2))
-        self.plot()
-        return final
 
     def plot(self) -> Path:
         """The learning curve this learner defines (:class:`~fedqhd.learners.base.Curves`):
@@ -175,7 +194,7 @@ class RunRecorder:
         for panel in panels:
             panel.xaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()
-        path = self.out_dir / "learning_curve.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
+        try:
+            return atomic_figure(fig, self.out_dir / "learning_curve.png", dpi=110)
+        finally:
+            plt.close(fig)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from fedqhd.config import RunConfig
+from fedqhd.files import atomic_write
 from fedqhd.learners.base import REFERENCE
 
 
@@ -118,7 +119,7 @@ def run_federated_only(env_id: str, n_clients: int, seeds: list[int], rounds: in
     summary = {"env-id": env_id, "clients": n_clients, "rounds": rounds, "strategy": strategy,
                "config": cfg.to_run_config(), "per-seed": rows}
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"bench-{strategy}.json").write_text(json.dumps(summary, indent=2))
+    atomic_write(out / f"bench-{strategy}.json", json.dumps(summary, indent=2))
     return summary
 
 
@@ -166,7 +167,7 @@ def run_bench(env_id: str, n_clients: int, seeds: list[int], rounds: int,
     }
     summary["mean"]["avg-over-pooled"] = summary["mean"]["fedqhd-avg"] / summary["mean"]["pooled"]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(summary, indent=2))
+    atomic_write(out / "bench.json", json.dumps(summary, indent=2))
     return summary
 
 

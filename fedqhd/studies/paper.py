@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from fedqhd.files import atomic_figure, atomic_write
+
 ENVS: tuple[str, ...] = ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "MountainCar-v0")
 SETTINGS: tuple[str, ...] = ("shared", "heterogeneous")
 METHODS: tuple[str, ...] = ("fedqhd", "independent", "truncate", "fedavg-dqn",
@@ -291,15 +293,13 @@ def write_outputs(summary: dict[str, Any], out: Path) -> None:
     """``paper.json``, ``paper-table.md`` and the curves of ``summary`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "paper.json", summary)
-    (out / "paper-table.md").write_text(markdown_table(summary))
+    atomic_write(out / "paper-table.md", markdown_table(summary))
     plot_curves(summary, out)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Whole or not at all: a suite killed while writing keeps its last complete file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=float))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=1, default=float))
 
 
 def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
@@ -494,8 +494,8 @@ def plot_curves(summary: dict[str, Any], out: Path) -> list[Path]:
         ax.set_title(f"{env_id}: mean over seeds, band min-max", fontsize=9)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        path = out / f"curves-{env_id}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        try:
+            written.append(atomic_figure(fig, out / f"curves-{env_id}.png", dpi=110))
+        finally:
+            plt.close(fig)
     return written

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedqhd.deploy.launcher import free_port
+from fedqhd.files import atomic_write
 
 BIN = Path(sys.executable).parent
 GIB = 2.0**30
@@ -413,7 +414,7 @@ def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Pat
                     spy.stop()
             wall = time.perf_counter() - t0
     log = "".join(line for _, line in lines)
-    (out / "flwr-run.log").write_text("".join(f"{t:7.2f} | {line}" for t, line in lines))
+    atomic_write(out / "flwr-run.log", "".join(f"{t:7.2f} | {line}" for t, line in lines))
     if mem.exceeded:
         raise RuntimeError(f"flwr run killed after {wall:.0f} s: its processes held "
                            f"{mem.exceeded / GIB:.2f} GiB, above the limit of "
@@ -485,7 +486,7 @@ def run_suite(clients: int, rounds: int, out: Path, *, flwr: bool, app_dir: Path
             else:
                 with threadpool_limits(limits=1, user_api="blas"):
                     summary["blas"] = perf.blas_fraction(dim, blas_rows, repeats=2)
-            (out / "scale.json").write_text(json.dumps(summary, indent=2))
+            atomic_write(out / "scale.json", json.dumps(summary, indent=2))
     return summary
 
 
