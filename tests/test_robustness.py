@@ -151,11 +151,10 @@ def test_a_claimed_size_buys_no_influence_beyond_the_clip_radius():
     # (capped at 10 x the median) over half the weight, and this test fails
     honest = _honest()
     sizes = [100 + i for i in range(9)]
-    h = sum(n * (GOOD + 0.1 * d) for n, d in zip(sizes, np.random.default_rng(0).normal(
-        size=(9, *SHAPE)))) / sum(sizes)  # the honest weighted mean (as _honest draws it)
+    readouts = [m.content[C.ARRAYS][C.READOUT].numpy() for m in honest]
+    h = sum(n * a for n, a in zip(sizes, readouts, strict=True)) / sum(sizes)
     attack = -4 * GOOD  # 4 x the scale from the center (zero): clipped to 3 x
-    scale = float(np.median([np.linalg.norm(GOOD + 0.1 * d) for d in np.random.default_rng(
-        0).normal(size=(9, *SHAPE))] + [np.linalg.norm(attack)]))
+    scale = float(np.median([np.linalg.norm(a) for a in [*readouts, attack]]))
     clipped = attack * 3 * scale / np.linalg.norm(attack)
     shares = {}
     for claim in (104.0, 1e12):
@@ -187,10 +186,10 @@ def test_honest_clients_of_ten_fold_sizes_aggregate_exactly_by_default(aggregate
     for arrays in ([GOOD + 0.1 * rng.normal(size=SHAPE) for _ in sizes],
                    [rng.normal(size=(50, 2)) for _ in sizes]):  # unrelated readouts
         shape = arrays[0].shape
-        expected = sum(n * a for n, a in zip(sizes, arrays)) / sum(sizes)
+        expected = sum(n * a for n, a in zip(sizes, arrays, strict=True)) / sum(sizes)
         for key in (C.NUM_TRANSITIONS, C.NUM_EXAMPLES):
             replies = [_raw_reply(i, Array(a), {key: n})
-                       for i, (a, n) in enumerate(zip(arrays, sizes))]
+                       for i, (a, n) in enumerate(zip(arrays, sizes, strict=True))]
             out, metrics = FedQHDAvg(readout_shape=shape, aggregate=aggregate
                                      ).aggregate_train(1, replies)
             np.testing.assert_allclose(out[C.READOUT].numpy(), expected, rtol=0, atol=1e-12)
@@ -198,7 +197,7 @@ def test_honest_clients_of_ten_fold_sizes_aggregate_exactly_by_default(aggregate
         anchor = FedQHDAnchor(np.zeros((shape[0], 4)), n_values=2)
         teacher, _ = anchor.aggregate_train(1, [
             _raw_reply(i, Array(a), {C.NUM_TRANSITIONS: n}, C.Q_ANCHORS)
-            for i, (a, n) in enumerate(zip(arrays, sizes))])
+            for i, (a, n) in enumerate(zip(arrays, sizes, strict=True))])
         np.testing.assert_allclose(teacher[C.TEACHER].numpy(), expected, rtol=0, atol=1e-12)
 
 
@@ -479,3 +478,21 @@ def test_malformed_replies_never_raise_and_are_never_accepted(case, rule, known_
     assert (metrics[C.REPLIES_OK], metrics[C.REPLIES_REJECTED]) == (3, 1), kind
     assert 50 not in strategy.last_client_metrics
     assert np.abs(arrays[C.READOUT].numpy() - GOOD).max() < 0.1
+
+
+def test_the_deviation_scale_is_measured_from_the_previous_global_model_and_grows_slowly():
+    """Replies are measured from the global model the round started from, and a round's
+    scale is at most 2x the previous one: clients that all drift far at once (or a
+    majority of duals inflated by an attacker's pull) cannot widen the radius faster."""
+    # mutation checked: round_scale without the SCALE_GROWTH limit clips nothing in round 2
+    s = FedQHDAvg(readout_shape=SHAPE)
+    rng = np.random.default_rng(1)
+    s.aggregate_train(1, [_reply(i, GOOD + rng.normal(size=SHAPE)) for i in range(5)])
+    first = s.reference.scale
+    s.reference.center = GOOD  # what configure_train sets: the global model sent
+    far = [_reply(i, GOOD + (-1) ** i * 8 * first * np.ones(SHAPE) / np.sqrt(6))
+           for i in range(5)]
+    arrays, metrics = s.aggregate_train(2, far)
+    assert s.reference.scale == pytest.approx(2 * first)
+    assert metrics[C.REPLIES_CLIPPED] == 5 and metrics[C.REPLIES_NORM_REFUSED] == 0
+    assert np.linalg.norm(arrays[C.READOUT].numpy() - GOOD) <= 3 * 2 * first * (1 + 1e-9)
