@@ -355,7 +355,8 @@ class FedQHDExact(FunctionSpaceStrategy):
         if reason is not None or counts is None:
             return reason, None
         have = self._have.get(node, 0)
-        through = metrics.get(C.GRAM_THROUGH)
+        # without a Gram the statistics are the ``have`` rows the server holds
+        through = metrics.get(C.GRAM_THROUGH, None if C.GRAM in record else have)
         if through is None or through < have or (C.GRAM in record) != (through > have):
             return (f"'{C.GRAM_THROUGH}' missing, below the {have} transitions already held, "
                     f"or inconsistent with the '{C.GRAM}' sent"), None
