@@ -54,7 +54,7 @@ from fedqhd.config import RunConfig
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
-from fedqhd.strategies.screening import Safeguards
+from fedqhd.strategies.screening import Reference, Safeguards
 
 N_CLIENTS = 10
 ATTACKER = 9
@@ -173,26 +173,45 @@ def _rotate(arrays, metrics, rnd, sent):
 CENTER_OF = {C.READOUT: C.READOUT, C.Q_ANCHORS: C.TEACHER}
 
 
+#: the deviation scale of the round before (the adaptive attacker's side channel)
+SEEN_SCALE: list[float | None] = [None]
+
+
+def _record_scale(original):
+    def round_scale(self, distances):
+        scale = original(self, distances)
+        SEEN_SCALE[0] = scale
+        return scale
+    return round_scale
+
+
+Reference.round_scale = _record_scale(Reference.round_scale)  # type: ignore[method-assign]
+
+
 def _against(arrays, metrics, rnd, sent):
-    """The adaptive attack: knowing the default safeguards, reply as far from the global
-    model as they accept, pointing against it. The attacker estimates the round's
-    deviation scale by its own honest reply's distance from the global model, and sends
-    the global model moved against its own direction: past the clip radius (where every
-    distance counts the same) and short of the refusal bound, by the geometric mean of
-    the two factors, sqrt(3 x 10) = 5.5 x its estimate, the most margin both ways
-    (clipping off: 0.95 x the bound; the bound off: 100 x)."""
+    """The adaptive attack: knowing the default safeguards and (told by the server, the
+    strongest case) the previous round's deviation scale, reply as far from where the
+    honest replies are (its own honest reply) as the defaults accept, pointing against
+    the global model: past the clip radius (every distance beyond it counts the same)
+    and short of the refusal bound, at the geometric mean of the two factors,
+    sqrt(3 x 10) = 5.5 x the scale, the most margin both ways (clipping off: 0.95 x the
+    bound; both off: 100 x). In round 1, with no scale yet, it replies honestly; where the
+    safeguards are off (no scale is kept) it takes its own distance from the global model
+    as the scale."""
     defaults = Safeguards()
     bound, clip = defaults.norm_bound_factor, defaults.clip_factor
     factor = (math.sqrt(bound * clip) if bound and clip else 0.95 * bound if bound
               else 100.0)
+    if rnd == 1:
+        return arrays, metrics
     out = {}
     for key, honest in arrays.items():
         center = sent.get(CENTER_OF.get(key, key))
         if center is None or center.shape != honest.shape:
             center = np.zeros_like(honest)
+        scale = SEEN_SCALE[0] or float(np.linalg.norm(honest - center))
         direction = center if np.linalg.norm(center) > 0 else honest
-        direction = direction / np.linalg.norm(direction)
-        out[key] = center - factor * np.linalg.norm(honest - center) * direction
+        out[key] = honest - factor * scale * direction / np.linalg.norm(direction)
     return out, metrics
 
 
@@ -254,6 +273,7 @@ def node_configs_for(attack: str) -> list[dict[str, Any]] | None:
 def run(seed: int, attack: str, setting: str, rounds: int,
         episodes_per_client: int = 5, hd_dim: int = 2000) -> dict[str, Any]:
     overrides = {k.replace("_", "-"): v for k, v in SETTINGS[setting].items()}
+    SEEN_SCALE[0] = None
     with tempfile.TemporaryDirectory() as out:
         cfg = RunConfig.from_run_config({"seed": seed, "num-server-rounds": rounds,
                                          "output-dir": out, "hd-dim": hd_dim,

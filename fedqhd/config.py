@@ -180,11 +180,11 @@ class RunConfig:
         "trimmed-mean: drop ceil(trim-fraction * n) lowest and highest values per coordinate"))
     clip_factor: float = field(default=3.0, metadata=_key(
         _float_range(0.0, 1e12), "pull replies further than this multiple of the deviation "
-        "scale (the median distance of the round's replies from the previous global model, "
+        "scale (the median distance of the round's replies from their coordinate-wise median, "
         "growing at most 2x a round) back to that distance (0: off)"))
     norm_bound_factor: float = field(default=10.0, metadata=_key(
         _float_range(0.0, 1e12), "refuse replies further than this multiple of the "
-        "deviation scale from the previous global model (0: off)"))
+        "deviation scale from the replies' coordinate-wise median (0: off)"))
     weight_cap_factor: float = field(default=10.0, metadata=_key(
         _float_range(0.0, 1e12), "cap a client's weight at this multiple of the round's "
         "median claimed num-transitions (0: off)"))

@@ -7,9 +7,8 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 
 from . import contract as C
 from .base import FunctionSpaceStrategy
@@ -86,14 +85,6 @@ class FedQHDAnchor(FunctionSpaceStrategy):
             raise ValueError(f"the run's anchors {self.anchors.shape} differ from the "
                              f"checkpoint's {anchors.shape}: was the anchor file changed?")
         super().restore_state(state)
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        # replies are measured from the teacher they start from (none in round 1: zero)
-        self.reference.center = (arrays[C.TEACHER].numpy().astype(np.float64)
-                                 if C.TEACHER in arrays else None)
-        return super().configure_train(server_round, arrays, config, grid)
 
     def summary(self) -> None:
         super().summary()

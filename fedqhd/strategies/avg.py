@@ -113,7 +113,6 @@ class FedQHDAvg(FunctionSpaceStrategy):
             raise ValueError(f"FedQHDAvg needs the global '{self.array_key}' array in its "
                              f"ArrayRecord; got keys {list(arrays.keys())}")
         self.readout_shape = tuple(arrays[self.array_key].shape)
-        self.reference.center = arrays[self.array_key].numpy().astype(np.float64)
         messages = list(super().configure_train(server_round, arrays, config, grid))
         if self._owed:
             messages = [self._with_last_reply(msg, arrays) for msg in messages]

@@ -55,7 +55,7 @@ class FunctionSpaceStrategy(FedAvg):
     aggregation, trim_fraction, clip_factor, norm_bound_factor, weight_cap_factor
         The screening safeguards and aggregation rule, see
         :class:`~fedqhd.strategies.screening.Safeguards` (defaults: weighted mean of
-        replies clipped at 3 x the deviation scale from the previous global model,
+        replies clipped at 3 x the deviation scale from their coordinate-wise median,
         refused beyond 10 x, weights capped at 10 x the median claim).
     stale_rounds : int
         A client (a node id) is forgotten, and in ``FedQHDAvg(aggregate="latest")`` its
@@ -146,7 +146,7 @@ class FunctionSpaceStrategy(FedAvg):
             log(INFO, "\t└──> Federated evaluation: off (fraction_evaluate = 0; pass "
                 "fraction_evaluate > 0 if the ClientApp answers evaluate messages)")
         log(INFO, "\t└──> Aggregation: %s (trim %g); clipping %s; norm bound %s (distances "
-            "from the previous global model); weight cap %s; silent clients forgotten after "
+            "from the replies' median); weight cap %s; silent clients forgotten after "
             "%s rounds; node wait %gs", g.aggregation, g.trim_fraction,
             f"{g.clip_factor:g} x deviation scale" if g.clip_factor else "off",
             f"{g.norm_bound_factor:g} x deviation scale" if g.norm_bound_factor else "off",

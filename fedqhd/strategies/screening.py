@@ -10,12 +10,12 @@ only finite values, and a finite positive size (``num-transitions``, or
 out, logged with its reason under its node id (and the partition id its node claims)
 and counted in the round's metrics; the round goes on.
 
-Then the safeguards (:class:`Safeguards`), measured against a :class:`Reference` that a
-minority of clients cannot move: the global model the round started from (the
-*center*; zero before there is one) and a deviation *scale*, the median over the
-round's replies of their distance from the center, which may grow at most
-:data:`SCALE_GROWTH` times per round (a scale free to follow the replies is one that
-clients integrating an attacker's pull, as ADMM's duals do, inflate round after round):
+Then the safeguards (:class:`Safeguards`), measured from a center a minority cannot move,
+the coordinate-wise median of the round's replies (unweighted: a claimed size does not
+move it either), against a deviation *scale*: the median distance of the replies from
+it, which may grow at most :data:`SCALE_GROWTH` times per round (a scale free to follow
+the replies is one that clients integrating an attacker's pull, as ADMM's duals do,
+inflate round after round):
 
 * a reply further than ``norm_bound_factor`` x scale from the center is refused
   (``replies-rejected``, ``replies-norm-refused``);
@@ -23,21 +23,24 @@ clients integrating an attacker's pull, as ADMM's duals do, inflate round after 
   (``replies-clipped``): what the server aggregates, and what FedQHDAvg keeps as the
   client's latest reply, is the clipped one;
 * a client's weight is capped at ``weight_cap_factor`` x the round's median claimed
-  size (``replies-weight-capped``).
+  size (``replies-weight-capped``), and lowered further where its pull on the
+  aggregate, n x weight share x distance from the center, is above
+  :data:`PULL_FACTOR` x the scale: a claimed size buys no influence.
 
 The aggregation rule (:data:`AGGREGATIONS`) then combines the accepted arrays and the
 replies' numeric metrics: each metric over the replies that carry it (a metric some
 replies omit is named in a warning and counted in ``metrics-missing``; none is
 dropped), the sizes summed.
 
-What one client can do, whatever it sends: with weight share ``pi`` (at most
-``k / (k + n - 1)`` among ``n`` clients, ``k`` the weight cap factor), the aggregate
-moves at most ``pi * clip_factor * scale_t`` away from the aggregate of the others'
-replies in round ``t``; over ``R`` rounds the scale is at most
-``SCALE_GROWTH ** (R - 1) * scale_1``, and the reference the rounds are measured from is
-the previous global model, so the distance of the global model from the honest
-clients' trajectory adds up at most ``sum_t pi * clip_factor * scale_t`` (plus what the
-honest clients' own dynamics do with a displaced model).
+What one client can do, whatever it sends and claims: in round ``t`` it moves the
+aggregate at most ``(PULL_FACTOR / n) * scale_t`` toward where it points, plus its weight
+share times the honest replies' own spread (at most ``clip_factor * scale_t``); over
+``R`` rounds the scale is at most ``SCALE_GROWTH ** (R - 1) * scale_1``, so the distance
+of the global model from the honest clients' trajectory adds up to at most the sum of
+those per-round bounds (plus what the honest clients' own dynamics do with a displaced
+model). Honest replies are untouched (the aggregate is exactly the weighted mean) while
+each is within ``clip_factor`` x the scale of the center and its ``n x share x distance``
+within ``PULL_FACTOR`` x the scale.
 """
 
 from __future__ import annotations
@@ -125,32 +128,26 @@ OFF = Safeguards(clip_factor=0.0, norm_bound_factor=0.0, weight_cap_factor=0.0)
 
 @dataclass
 class Reference:
-    """What replies are measured against, kept by the strategy from round to round.
+    """What a round's replies are measured against, kept by the strategy from round to
+    round: the previous round's deviation scale (None: no earlier round)."""
 
-    ``center``: the global array the round started from (None: zero, before there is
-    one). ``scale``: the previous round's deviation scale (None: no earlier round).
-    """
-
-    center: np.ndarray | None = None
     scale: float | None = None
 
-    def deviations(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        center = self.center_for(arrays[0]) if arrays else None
-        return np.array([float(np.linalg.norm(a if center is None else a - center))
-                         for a in arrays])
-
-    def center_for(self, array: np.ndarray) -> np.ndarray | None:
-        """The center if it has ``array``'s shape (readouts of different D_i: none)."""
-        if self.center is None or self.center.shape != array.shape:
-            return None
-        return self.center
-
-    def round_scale(self, deviations: np.ndarray) -> float:
-        """The median deviation, at most :data:`SCALE_GROWTH` x the previous scale."""
-        scale = float(np.median(deviations))
+    def round_scale(self, distances: np.ndarray) -> float:
+        """The median distance, at most :data:`SCALE_GROWTH` x the previous scale."""
+        scale = float(np.median(distances))
         if self.scale is not None and self.scale > 0:
             scale = min(scale, SCALE_GROWTH * self.scale)
         return scale
+
+
+def robust_center(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The coordinate-wise (unweighted) median of equally shaped arrays, which a minority
+    cannot move beyond the majority's own spread, nor a claimed weight at all; None for
+    arrays of different shapes (readouts of different D_i: measured from zero)."""
+    if len({a.shape for a in arrays}) != 1:
+        return None
+    return np.median(np.stack(arrays), axis=0)
 
 
 # ------------------------------------------------------------------ aggregation rules
@@ -457,48 +454,52 @@ def _metrics_or_none(msg: Message) -> Any:
 
 def _bound(out: ScreenedReplies, claims: list[float], label: str, reference: Reference
            ) -> tuple[np.ndarray, float, np.ndarray | None] | None:
-    """Refuse replies further than ``norm_bound_factor`` x the scale from the center; sets
-    the round's scale (``out.scale``, ``reference.scale``). Returns the kept replies'
-    distances, the scale and the center (None: zero), or None without a scale."""
+    """Refuse replies further than ``norm_bound_factor`` x the scale from the robust
+    center; sets the round's scale (``out.scale``, ``reference.scale``). Returns the kept
+    replies' distances, the scale and the center (None: zero), or None without a scale."""
     guards = out.safeguards
     if len(out.arrays) < 2 or not (guards.norm_bound_factor or guards.clip_factor):
         return None
-    center = reference.center_for(out.arrays[0])
-    if center is None and reference.center is not None:  # another shape: measure from 0
-        reference = Reference(None, reference.scale)
-    deviations = reference.deviations(out.arrays)
-    scale = reference.round_scale(deviations)
+    center = robust_center(out.arrays)
+    distances = np.array([float(np.linalg.norm(a if center is None else a - center))
+                          for a in out.arrays])
+    scale = reference.round_scale(distances)
     if not scale > 0:  # an all-equal majority gives no scale
         return None
     out.scale = reference.scale = scale
     bound = guards.norm_bound_factor * scale
-    for i in reversed(range(len(deviations))):
-        if guards.norm_bound_factor and deviations[i] > bound:
+    for i in reversed(range(len(distances))):
+        if guards.norm_bound_factor and distances[i] > bound:
             log(WARNING, "%s: reply of %s left out: %.4g from %s, above the bound %.4g "
                 "(%g x the deviation scale %.4g)", label,
-                describe(out.nodes[i], out.metrics[i]), deviations[i], _from(center), bound,
+                describe(out.nodes[i], out.metrics[i]), distances[i], _from(center), bound,
                 guards.norm_bound_factor, scale)
             out.drop(i)
             del claims[i]
             out.rejected += 1
             out.norm_refused += 1
-            deviations = np.delete(deviations, i)
-    return deviations, scale, center
+            distances = np.delete(distances, i)
+    return distances, scale, center
 
 
 def _from(center: np.ndarray | None) -> str:
-    return "zero" if center is None else "the previous global model"
+    return "zero" if center is None else "the replies' coordinate-wise median"
+
+
+#: a client's pull on the aggregate, n x weight share x distance, is held to this many
+#: times the deviation scale (a client of average weight at the default clip radius
+#: pulls 3): honest clients of 10x the median size among 4 keep their weight unless they
+#: lie further than ~1.5x the scale from the center
+PULL_FACTOR = 5.0
 
 
 def _clip(out: ScreenedReplies, claims: list[float], deviations: np.ndarray, scale: float,
           center: np.ndarray | None, label: str) -> None:
     """Pull each reply further than ``clip_factor`` x the scale from the center back onto
     that radius; then lower the weight of any client whose pull on the aggregate, ``n``
-    x its weight share x its distance, is above ``clip_factor + 1`` x the scale (one more
-    than a client of average weight at the clip radius) to the weight that makes it
-    equal (its reply unchanged). A claimed size cannot buy influence: a
-    client at the clip radius weighs what the others weigh on average, whatever it claims,
-    and a heavy honest client close to the others keeps its whole weight."""
+    x its weight share x its distance, is above :data:`PULL_FACTOR` x the scale, to the
+    weight that makes it equal (its reply unchanged). A claimed size cannot buy
+    influence, and a heavy honest client close to the others keeps its whole weight."""
     factor = out.safeguards.clip_factor
     if not factor or not out.arrays:
         return
@@ -513,22 +514,22 @@ def _clip(out: ScreenedReplies, claims: list[float], deviations: np.ndarray, sca
             log(WARNING, "%s: reply of %s clipped: %.4g from %s, pulled back to %.4g (%g x "
                 "the deviation scale)", label, describe(out.nodes[i], out.metrics[i]),
                 deviation, _from(center), radius, factor)
-    n, influence = len(distances), (factor + 1) * scale
+    n, pull = len(distances), PULL_FACTOR * scale
     weights = np.asarray(out.weights, dtype=np.float64)
     for _ in range(len(weights)):  # each pass settles one more client at most
         total = weights.sum()
-        over = n * weights * distances > influence * total * (1 + 1e-12)
+        over = n * weights * distances > pull * total * (1 + 1e-12)
         if not over.any():
             break
         i = int(np.argmax(np.where(over, weights * distances, -np.inf)))
         others = total - weights[i]
-        weights[i] = influence * others / (n * distances[i] - influence)
+        weights[i] = pull * others / (n * distances[i] - pull)
     capped = np.asarray(out.weights) < np.asarray(claims)  # counted already
     for j in map(int, np.flatnonzero(weights < np.asarray(out.weights))):
         log(WARNING, "%s: weight of %s lowered from %.4g to %.4g: %d x its share x its "
             "distance %.4g was above %g x the deviation scale", label,
             describe(out.nodes[j], out.metrics[j]), out.weights[j], weights[j], n,
-            distances[j], factor + 1)
+            distances[j], PULL_FACTOR)
         out.weights[j] = float(weights[j])
         out.weight_capped += int(not capped[j])
 
