@@ -231,11 +231,24 @@ def _against_steal(arrays, metrics, rnd, sent):
     return arrays, {**metrics, C.PARTITION_ID: VICTIM}
 
 
+def _norm9(arrays, metrics, rnd, sent):
+    """Issue 29's attacker: the global model's direction reversed, at 9 times the norm of
+    its own honest reply (under the norm bound of the defaults before that issue)."""
+    out = {}
+    for key, honest in arrays.items():
+        center = sent.get(CENTER_OF.get(key, key))
+        direction = (center if center is not None and center.shape == honest.shape
+                     and np.linalg.norm(center) > 0 else honest)
+        out[key] = -9 * np.linalg.norm(honest) * direction / np.linalg.norm(direction)
+    return out, metrics
+
+
 VICTIM = 0
 ATTACKS = {"scale": _scale, "claim": _claim, "rotate": _rotate}
 #: the adaptive attacks of issue 29
 ADAPTIVE = {"against": _against, "against-claim": _against_claim,
-            "against-rotate": _against_rotate, "against-steal": _against_steal}
+            "against-rotate": _against_rotate, "against-steal": _against_steal,
+            "norm9": _norm9}
 
 
 def apps_for(attack: str) -> list[ClientApp]:
