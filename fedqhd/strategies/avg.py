@@ -135,9 +135,9 @@ class FedQHDAvg(FunctionSpaceStrategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         screened = self._screen("train", server_round, replies, self.array_key,
                                 self.readout_shape)
-        nodes = self._record_clients(screened, server_round)
+        self._record_clients(screened, server_round)
         if self.aggregate == "latest":
-            for node, array, weight in zip(nodes, screened.arrays, screened.weights,
+            for node, array, weight in zip(screened.nodes, screened.arrays, screened.weights,
                                            strict=True):
                 self._latest[node] = (array, weight)
                 self._owed.discard(node)  # it replied: it holds its memory again

@@ -108,7 +108,7 @@ class FunctionSpaceStrategy(FedAvg):
         self.weighting = weighting
         self.safeguards = Safeguards(aggregation, trim_fraction, clip_factor,
                                      norm_bound_factor, weight_cap_factor)
-        #: the center (the global model sent) and scale train replies are measured against
+        #: the deviation scale of the previous round (train replies are measured by it)
         self.reference = Reference()
         self.node_wait_timeout = float(node_wait_timeout)
         #: which rounds send evaluate messages (None: every round)
@@ -210,17 +210,16 @@ class FunctionSpaceStrategy(FedAvg):
         label = f"{type(self).__name__} {stage} round {server_round}"
         reference = self.reference if stage == "train" and array_key is not None else None
         return screen_replies(replies, array_key, expected_shape, self.weighting == "uniform",
-                              label, self.safeguards, sampled, self.identities.key_of,
+                              label, self.safeguards, sampled, self.identities.labels,
                               reference)
 
-    def _record_clients(self, screened: ScreenedReplies, server_round: int) -> list[int]:
+    def _record_clients(self, screened: ScreenedReplies, server_round: int) -> None:
         """Note the accepted replies' nodes (a client is its node id; a claimed partition
-        id is only a label), forget silent or departed ones; returns the nodes."""
+        id is only a label), forget silent or departed ones."""
         label = f"{type(self).__name__} train round {server_round}"
         for node, metrics in zip(screened.nodes, screened.metrics, strict=True):
             self.identities.seen(node, metrics.get(C.PARTITION_ID), server_round, label)
         self.identities.expire(server_round)
-        return list(screened.nodes)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

@@ -205,10 +205,9 @@ class FedQHDExact(FunctionSpaceStrategy):
         label = f"FedQHDExact round {server_round}"
         sampled, self._sampled["train"] = self._sampled["train"], None
         screened = ScreenedReplies(label=label, sampled=sampled, safeguards=self.safeguards)
-        known = self.identities.key_of
         candidates: list[_Statistics] = []
         for msg in replies:
-            if screened.receive(msg, known):
+            if screened.receive(msg, self.identities.labels):
                 continue
             node = msg.metadata.src_node_id
             reason, rhs, metrics = _check(msg, C.PHI_Y if self._want_rhs else None,
@@ -217,13 +216,13 @@ class FedQHDExact(FunctionSpaceStrategy):
             if reason is None:
                 reason, stats = self._decode_statistics(msg, node, metrics, rhs)
             if reason is not None or stats is None:
-                self._refuse(screened, node, metrics, reason, known)
+                self._refuse(screened, node, metrics, reason)
                 continue
             candidates.append(stats)
         for stats, reason in zip(candidates, self._screen_statistics(candidates),
                                  strict=True):
             if reason is not None:
-                self._refuse(screened, stats.node, stats.metrics, reason, known)
+                self._refuse(screened, stats.node, stats.metrics, reason)
                 screened.norm_refused += 1
                 continue
             self._accept(stats)
@@ -250,12 +249,11 @@ class FedQHDExact(FunctionSpaceStrategy):
         readout = self._systems.solve(rhs_total, self._prior)
         return C.to_array_record({C.READOUT: readout}), metrics_out
 
-    @staticmethod
-    def _refuse(screened: ScreenedReplies, node: int, metrics: Any, reason: str | None,
-                known: Any) -> None:
+    def _refuse(self, screened: ScreenedReplies, node: int, metrics: Any,
+                reason: str | None) -> None:
         screened.rejected += 1
         log(WARNING, "%s: reply of %s left out: %s", screened.label,
-            describe(node, metrics, known), reason)
+            describe(node, metrics, self.identities.labels), reason)
 
     def _accept(self, stats: _Statistics) -> None:
         node = stats.node

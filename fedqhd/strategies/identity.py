@@ -18,7 +18,7 @@ reply for ``stale_rounds`` rounds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from logging import WARNING
 from typing import Any
 
@@ -45,10 +45,10 @@ class IdentityRegistry:
         self.labels: dict[int, int] = {}
         self.connected: set[int] | None = None
 
-    @property
-    def key_of(self) -> Mapping[int, tuple[str, int]]:
-        """Node id -> ``("partition", pid)`` it claimed, for :func:`describe` lines."""
-        return {node: ("partition", pid) for node, pid in self.labels.items()}
+    def order(self, node: int) -> tuple[int, int]:
+        """A sort key putting nodes in the order of the partition ids they claim (a label,
+        used only for the order in which replies are summed), then of node id."""
+        return (self.labels.get(node, node), node)
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The clients heard from, for a run's checkpoint."""

@@ -133,13 +133,13 @@ class FedQHDPooled(FunctionSpaceStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         screened, parties = self._screen_statistics(server_round, replies)
-        nodes = self._record_clients(screened, server_round)
+        self._record_clients(screened, server_round)
         metrics = screened.round_metrics()
         self.last_client_metrics = screened.per_node_metrics()
-        # summed in the order of the partition ids the nodes claim (a label, used only for
-        # the order), as the bench sums its clients
-        accepted = {node: (self.identities.labels.get(node, node), node) for node in nodes}
-        pool = sorted((p for p in parties if p.node in accepted), key=lambda p: accepted[p.node])
+        # summed in partition order, as the bench sums its clients
+        accepted = set(screened.nodes)
+        pool = sorted((p for p in parties if p.node in accepted),
+                      key=lambda p: self.identities.order(p.node))
         readout, exchanges, dropped = (self._pooled_sweeps(server_round, pool)
                                        if pool and self._readout is not None else (None, 0, 0))
         metrics[C.CLIENTS_AVERAGED] = len(pool) - dropped if readout is not None else 0
@@ -159,7 +159,7 @@ class FedQHDPooled(FunctionSpaceStrategy):
         parties: list[_Party] = []
         packed_shape = (self.n_actions, self.dim * (self.dim + 1) // 2)
         for msg in replies:
-            if screened.receive(msg, self.identities.key_of):
+            if screened.receive(msg, self.identities.labels):
                 continue
             node = msg.metadata.src_node_id
             reason, gram, metrics = _check(msg, C.GRAM, packed_shape)
@@ -174,7 +174,7 @@ class FedQHDPooled(FunctionSpaceStrategy):
             if reason is not None or gram is None or extremes is None or counts is None:
                 screened.rejected += 1
                 log(WARNING, "%s: reply of %s left out: %s", label,
-                    describe(node, metrics, self.identities.key_of), reason)
+                    describe(node, metrics, self.identities.labels), reason)
                 continue
             parties.append(_Party(node, gram, counts, extremes, self.dim))
             screened.nodes.append(node)

@@ -90,7 +90,7 @@ class PrivacyScreen(Strategy):
             log(WARNING, "PrivacyScreen %s: reply of %s refused: it does not declare a "
                 "private release and the run is not marked non-private", label,
                 describe(msg.metadata.src_node_id, _metrics_or_none(msg),
-                         self.strategy.identities.key_of))
+                         self.strategy.identities.labels))
         return kept, refused
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

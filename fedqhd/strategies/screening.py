@@ -222,8 +222,6 @@ class ScreenedReplies:
     norm_refused: int = 0
     weight_capped: int = 0
     clipped: int = 0
-    #: the round's deviation scale (None: no arrays, or fewer than two replies)
-    scale: float | None = None
     #: sum of the ``value-flags`` every readable reply claims, refused ones included (a
     #: flagged shard often yields a reply the norm bound refuses); None: none claimed any
     value_flags: int | None = None
@@ -240,7 +238,7 @@ class ScreenedReplies:
         """The accepted arrays aggregated by the strategy's rule."""
         return self.safeguards.combine(self.arrays, self.weights)
 
-    def receive(self, msg: Message, known: Mapping[int, tuple[str, int]] | None = None
+    def receive(self, msg: Message, labels: Mapping[int, int] | None = None
                 ) -> bool:
         """Count ``msg`` as received; True when it is an error reply (then counted as
         failed and logged), for strategies that screen their replies themselves."""
@@ -249,7 +247,7 @@ class ScreenedReplies:
             return False
         self.failed += 1
         log(WARNING, "%s: %s replied with an error: %s", self.label,
-            describe(msg.metadata.src_node_id, None, known), msg.error.reason)
+            describe(msg.metadata.src_node_id, None, labels), msg.error.reason)
         return True
 
     def drop(self, index: int) -> None:
@@ -322,17 +320,16 @@ def reply_size(metrics: Mapping[str, Any]) -> tuple[str, Any] | None:
     return None
 
 
-def describe(node: int, metrics: Any, known: Mapping[int, tuple[str, int]] | None = None
-             ) -> str:
+def describe(node: int, metrics: Any, labels: Mapping[int, int] | None = None) -> str:
     """``node 7``, ``node 7 (partition-id 3)`` (claimed by this reply's metrics) or
-    ``node 7 (partition-id 3 earlier)`` (bound to the node by an earlier reply, in
-    ``known``), for log lines; never raises."""
+    ``node 7 (partition-id 3 earlier)`` (claimed by an earlier reply, in ``labels``), for
+    log lines; never raises."""
     try:
         pid = metrics.get(C.PARTITION_ID) if metrics is not None else None
         if pid is not None:
             return f"node {node} (partition-id {pid!r})"
-        kind, value = (known or {}).get(node, ("node", node))
-        return f"node {node}" + (f" (partition-id {value} earlier)" if kind == "partition"
+        earlier = (labels or {}).get(node)
+        return f"node {node}" + (f" (partition-id {earlier} earlier)" if earlier is not None
                                  else "")
     except Exception:  # noqa: BLE001 - a log line must not fail on a crafted record
         return f"node {node}"
@@ -346,7 +343,7 @@ def screen_replies(
     label: str,
     safeguards: Safeguards = OFF,
     sampled: int | None = None,
-    known: Mapping[int, tuple[str, int]] | None = None,
+    labels: Mapping[int, int] | None = None,
     reference: Reference | None = None,
 ) -> ScreenedReplies:
     """Split replies into usable ones and counted refusals; never raises on a reply.
@@ -369,12 +366,11 @@ def screen_replies(
         Norm bound, weight cap and aggregation rule (default: all off, plain mean).
     sampled : int or None
         Messages sent for this round (replies not received count as timed out).
-    known : mapping of node id to client key, optional
-        Clients known from earlier replies (``IdentityRegistry.key_of``), so that a log
-        line names the partition of a node whose reply does not say it (an error).
+    labels : mapping of node id to partition id, optional
+        The partition ids nodes claimed earlier (``IdentityRegistry.labels``), so that a
+        log line names the partition of a node whose reply does not say it (an error).
     reference : Reference, optional
-        The center and previous scale the bound and the clipping measure replies
-        against (None: zero center, no earlier scale); its ``scale`` is updated.
+        The previous round's deviation scale (None: none); updated to this round's.
     """
     out = ScreenedReplies(safeguards=safeguards, sampled=sampled, label=label)
     claims: list[float] = []
@@ -389,7 +385,7 @@ def screen_replies(
             if msg.has_error():
                 out.failed += 1
                 log(WARNING, "%s: %s replied with an error: %s", label,
-                    describe(node, None, known), msg.error.reason)
+                    describe(node, None, labels), msg.error.reason)
                 continue
             _count_value_flags(out, msg)
             reason, array, metrics = _check(msg, array_key, expected_shape)
@@ -398,7 +394,7 @@ def screen_replies(
         if reason is not None:
             out.rejected += 1
             log(WARNING, "%s: reply of %s left out: %s", label,
-                describe(node, _metrics_or_none(msg), known), reason)
+                describe(node, _metrics_or_none(msg), labels), reason)
             continue
         if array is not None:
             out.arrays.append(array)
@@ -455,7 +451,7 @@ def _metrics_or_none(msg: Message) -> Any:
 def _bound(out: ScreenedReplies, claims: list[float], label: str, reference: Reference
            ) -> tuple[np.ndarray, float, np.ndarray | None] | None:
     """Refuse replies further than ``norm_bound_factor`` x the scale from the robust
-    center; sets the round's scale (``out.scale``, ``reference.scale``). Returns the kept
+    center; sets the round's scale (``reference.scale``). Returns the kept
     replies' distances, the scale and the center (None: zero), or None without a scale."""
     guards = out.safeguards
     if len(out.arrays) < 2 or not (guards.norm_bound_factor or guards.clip_factor):
@@ -466,7 +462,7 @@ def _bound(out: ScreenedReplies, claims: list[float], label: str, reference: Ref
     scale = reference.round_scale(distances)
     if not scale > 0:  # an all-equal majority gives no scale
         return None
-    out.scale = reference.scale = scale
+    reference.scale = scale
     bound = guards.norm_bound_factor * scale
     for i in reversed(range(len(distances))):
         if guards.norm_bound_factor and distances[i] > bound:

@@ -97,13 +97,15 @@ class FedQHDTruncate(FunctionSpaceStrategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         screened = self._screen("train", server_round, replies, C.READOUT,
                                 (None, self.n_actions))
-        keys = self._record_clients(screened, server_round)
+        self._record_clients(screened, server_round)
         self.last_train_metrics = screened.round_metrics()
         self.last_train_metrics[C.CLIENTS_AVERAGED] = len(screened.arrays)
         self.last_client_metrics = screened.per_node_metrics()
         if not screened.arrays:
             return None, self.last_train_metrics
-        order = sorted(range(len(keys)), key=lambda i: keys[i])
+        # summed in partition order, as the bench sums its clients
+        order = sorted(range(len(screened.nodes)),
+                       key=lambda i: self.identities.order(screened.nodes[i]))
         arrays = [screened.arrays[i] for i in order]
         weights = np.array([screened.weights[i] for i in order], dtype=float)
         weights /= weights.sum()
