@@ -16,7 +16,7 @@ from scipy.signal import lfilter
 from fedqhd.envs.batch import GymBatch
 from fedqhd.online import NO_TIMER, OnlineClient, Timer
 
-__all__ = ["collect", "collect_many", "epsilon_schedule", "returns_to_go"]
+__all__ = ["collect", "collect_many", "collect_td", "epsilon_schedule", "returns_to_go"]
 
 
 def epsilon_schedule(start: float = 1.0, decay: float = 0.97, floor: float = 0.01
@@ -51,6 +51,12 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
     n_cl = len(clients)
     eps = [np.broadcast_to(np.asarray(e, dtype=float), (int(n),)).copy()
            for e, n in zip(epsilons, n_episodes, strict=True)]
+    if any(cl.update == "td" for cl in clients):
+        if not append:
+            raise ValueError("a td client learns while it collects: append=False would "
+                             "have it act without learning, which no caller needs")
+        return [collect_td(cl, int(n), e, timer)
+                for cl, n, e in zip(clients, n_episodes, eps, strict=True)]
     returns = [np.zeros(int(n)) for n in n_episodes]
     st: list[dict[str, Any]] = []
     for c, cl in enumerate(clients):
@@ -130,6 +136,75 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
         for c, cl in enumerate(clients):
             _offer(cl, st[c]["rec"], returns[c], int(n_episodes[c]), timer)
     return returns
+
+
+def collect_td(cl: OnlineClient, n_episodes: int, epsilon: np.ndarray,
+               timer: Timer = NO_TIMER) -> np.ndarray:
+    """Run ``n_episodes`` episodes one after another, learning at every step (``update =
+    "td"``, the FedQHD paper's learner): semi-gradient Q-learning on the client's features,
+    ``w_a += td_rate * (r + gamma max_b Q(s', b) - Q(s, a)) phi(s)`` after each step, with
+    ``epsilon[e]`` of episode ``e``. Truncation bootstraps, termination does not. The
+    readout changes (no transition is kept: the buffer stays empty). Returns the episode
+    returns and records them, their start values and realised discounted returns
+    (:meth:`~fedqhd.online.OnlineClient.value_bias`) and the transitions' count.
+
+    The readout is worked on as rows per action, in float64, and the float32 features
+    are widened once per step (a float32-by-float64 product widens on every call)."""
+    if cl.n_parallel != 1:
+        raise ValueError(f"a td client runs one episode at a time, got n_parallel "
+                         f"{cl.n_parallel}")
+    rate, gamma = cl.td_rate, cl.gamma
+    w = np.ascontiguousarray(cl.readout.T)  # (|A|, D): one contiguous row per action
+    step = _one_env_step(cl.env)
+    slot = np.zeros(1, dtype=np.int64)
+    returns, starts, realised = np.zeros(n_episodes), np.zeros(n_episodes), np.zeros(n_episodes)
+    steps = 0
+    with timer("act-and-learn"):  # one section: a timer per step would cost 5 % of it
+        for e in range(n_episodes):
+            phi = cl.encode(cl.env.reset(slot))[0].astype(np.float64)
+            q = w @ phi
+            starts[e] = q.max()
+            discount = 1.0
+            for _ in range(cl.max_steps):
+                a = (int(cl.rng.integers(cl.n_actions)) if cl.rng.random() < epsilon[e]
+                     else int(q.argmax()))
+                obs, r, terminated = step(a)
+                returns[e] += r
+                realised[e] += discount * r
+                discount *= gamma
+                steps += 1
+                next_phi = cl.encode(obs[None])[0].astype(np.float64)
+                next_q = w @ next_phi
+                target = r if terminated else r + gamma * float(next_q.max())
+                change = rate * (target - q[a])
+                w[a] += change * phi
+                next_q[a] += change * float(phi @ next_phi)  # Q(s', a) under the new w
+                if terminated:
+                    break
+                phi, q = next_phi, next_q
+    cl.readout = np.ascontiguousarray(w.T)
+    cl.episode_returns.extend(returns.tolist())
+    cl.start_values, cl.start_returns = starts, realised
+    cl.n_transitions += steps
+    return returns
+
+
+def _one_env_step(env: Any) -> Callable[[int], tuple[np.ndarray, float, bool]]:
+    """``action -> (next observation, reward, terminated)`` of a one-slot batch env: a
+    gymnasium env is stepped directly (its batch wrapper's bookkeeping costs as much as
+    Box2D's step)."""
+    if isinstance(env, GymBatch):
+        inner = env.envs[0]
+
+        def gym_step(action: int) -> tuple[np.ndarray, float, bool]:
+            obs, r, terminated, _, _ = inner.step(action)
+            return np.asarray(obs, dtype=np.float32).reshape(-1), float(r), bool(terminated)
+        return gym_step
+
+    def batch_step(action: int) -> tuple[np.ndarray, float, bool]:
+        obs, r, terminated = env.step(np.array([action]))
+        return obs[0], float(r[0]), bool(terminated[0])
+    return batch_step
 
 
 def _offer(cl: OnlineClient, records: list[tuple[np.ndarray, ...]], returns: np.ndarray,

@@ -305,6 +305,10 @@ class RunConfig:
     def _check_pooled(self) -> None:
         """The pooled oracle sums the statistics of one feature space, of every client, in
         primal form (per-action Grams, D x D)."""
+        if self.online.update != "fqi":
+            raise ConfigError("run-config key 'strategy' = 'pooled' (the pooled-data oracle) "
+                              "sums the clients' buffers' statistics: it needs the preset's "
+                              f"update = 'fqi', got {self.online.update!r}")
         if self.encoder != "shared":
             raise ConfigError("run-config key 'strategy' = 'pooled' (the pooled-data oracle) "
                               "needs 'encoder' = 'shared': the statistics of different "

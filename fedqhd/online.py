@@ -57,6 +57,7 @@ from fedqhd.readout import bellman_targets, value_range
 from fedqhd.seeding import online_client_rng
 
 __all__ = [
+    "UPDATES",
     "OnlineClient",
     "Timer",
     "default_capacity",
@@ -86,6 +87,9 @@ NO_TIMER = Timer()  #: a timer nobody reads
 
 # --------------------------------------------------------------------------- learning
 
+
+#: how an online client learns (:class:`OnlineClient`'s ``update``)
+UPDATES = ("fqi", "td")
 
 #: seed of the probes of :meth:`OnlineClient.exploration_bonus`
 _PROBE_SEED = 20261130
@@ -214,6 +218,14 @@ class OnlineClient:
     form : {"auto", "primal", "dual"}
         Sufficient statistics: primal Gram (D x D per action) or buffer kernel
         matrix (capacity x capacity); "auto" takes the smaller.
+    update : {"fqi", "td"}
+        How the client learns: "fqi" keeps a buffer and runs ridge FQI sweeps
+        (:meth:`fit`); "td" learns at every step while it collects, by semi-gradient
+        Q-learning with step ``td_rate`` (:func:`fedqhd.acting.collect_td`, the FedQHD
+        paper's learner): no buffer (build it with ``capacity=0``), one episode at a time.
+    td_rate : float
+        The step of ``update="td"`` (features have norm about 1, so it is the fraction of
+        the TD error corrected at the visited state).
     """
 
     def __init__(self, env_id: str, encoder: HDEncoder, *, gamma: float = 0.99,
@@ -221,8 +233,14 @@ class OnlineClient:
                  n_step: int = 1, tail: int = 0, capacity: int = 20000,
                  mc_mix: float = 0.0, mc_window: int = 100, ucb: float = 0.0,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
-                 dynamics: dict[str, float] | None = None, form: str = "auto") -> None:
+                 dynamics: dict[str, float] | None = None, form: str = "auto",
+                 update: str = "fqi", td_rate: float = 0.1) -> None:
         spec = get_spec(env_id)
+        if update not in UPDATES:
+            raise ValueError(f"update must be one of {', '.join(UPDATES)}, got {update!r}")
+        if not (math.isfinite(td_rate) and 0 < td_rate <= 2):
+            raise ValueError(f"td_rate must be in (0, 2], got {td_rate}")
+        self.update, self.td_rate = update, float(td_rate)
         self.env_id, self.encoder = env_id, encoder
         self.n_actions = spec.n_actions
         self.max_steps = spec.max_episode_steps

@@ -4,10 +4,12 @@ import json
 
 import numpy as np
 import pytest
+from presets_util import write_preset
 
 from fedqhd.acting import collect, collect_many, returns_to_go
+from fedqhd.config import ConfigError, RunConfig
 from fedqhd.encoders import HDEncoder
-from fedqhd.envs import get_spec, make_env
+from fedqhd.envs import get_spec, make_env, rollout_returns
 from fedqhd.envs.batch import AcrobotBatch, CartPoleBatch, MountainCarBatch
 from fedqhd.online import (
     OnlineClient,
@@ -520,3 +522,76 @@ def test_ucb_settings_are_validated_and_the_dual_form_acts_on_q():
     collect_many([dual], [4], [1.0])
     assert dual.exploration_bonus(dual.features[:5]) is None
     assert _ucb_client(0.0).exploration_bonus(np.zeros((2, 40), np.float32)) is None
+
+
+class _Recording:
+    """A one-slot batch env that records every step it gives (time limit: the client's)."""
+
+    def __init__(self, env) -> None:
+        self.env, self.steps = env, []
+
+    def reset(self, idx):
+        self.obs = self.env.reset(idx)
+        return self.obs
+
+    def step(self, actions, *rest):
+        obs, rew, term = self.env.step(actions, *rest)
+        self.steps.append((self.obs[0].copy(), int(actions[0]), float(rew[0]),
+                           obs[0].copy(), bool(term[0])))
+        self.obs = obs
+        return obs, rew, term
+
+
+def _td_client(**kw) -> OnlineClient:
+    spec = get_spec("CartPole-v1")
+    enc = HDEncoder(300, 1.0, scale=spec.obs_bound, random_state=0).fit(np.zeros((1, 4)))
+    return OnlineClient("CartPole-v1", enc, gamma=0.9, capacity=0, n_parallel=1, seed=3,
+                        update="td", **kw)
+
+
+@pytest.mark.parametrize("limit", [500, 6])  # episodes that terminate; episodes truncated
+def test_a_td_client_learns_by_q_learning_at_every_step(limit):
+    client = _td_client(td_rate=0.3)
+    client.max_steps = limit
+    client.env = env = _Recording(client.env)
+    returns = collect(client, 4, 0.5)
+    # the same updates by hand, in float64: a terminal step does not bootstrap, a step cut
+    # by the time limit does
+    w = np.zeros_like(client.readout)
+    for s, a, r, s1, term in env.steps:
+        phi, phi1 = client.encode(s[None])[0], client.encode(s1[None])[0]
+        target = r if term else r + 0.9 * (phi1 @ w).max()
+        w[:, a] += 0.3 * (target - phi @ w[:, a]) * phi
+    assert len(env.steps) == client.n_transitions and client.size == 0
+    assert np.sum(returns) == len(env.steps)  # CartPole: +1 a step
+    assert (limit == 6) == (not any(t for *_, t in env.steps))
+    np.testing.assert_allclose(client.readout, w, rtol=1e-5, atol=1e-6)
+    assert np.abs(w).max() > 0.1  # it learnt something
+
+
+def test_td_settings_are_validated_and_pooled_needs_fqi(tmp_path):
+    encoder = _td_client().encoder
+    with pytest.raises(ValueError, match="update must be one of fqi, td"):
+        OnlineClient("CartPole-v1", encoder, update="sarsa")
+    with pytest.raises(ValueError, match="td_rate"):
+        _td_client(td_rate=0.0)
+    with pytest.raises(ValueError, match="one episode at a time"):
+        collect(OnlineClient("CartPole-v1", encoder, capacity=0, n_parallel=2,
+                             update="td"), 2, 0.5)
+    preset = write_preset(tmp_path, "td", **{"hd-dim": 50, "update": "td"})
+    keys = {"protocol": "online", "preset": preset, "online-episodes": 40}
+    assert RunConfig.from_run_config(keys).online.update == "td"
+    with pytest.raises(ConfigError, match="pooled.*needs the preset's update = 'fqi'"):
+        RunConfig.from_run_config({**keys, "strategy": "pooled"})
+
+
+def test_a_td_client_learns_cartpole():
+    spec = get_spec("CartPole-v1")
+    enc = HDEncoder(1000, 1.0, scale=spec.obs_bound, random_state=0).fit(np.zeros((1, 4)))
+    client = OnlineClient("CartPole-v1", enc, gamma=0.9, capacity=0, n_parallel=1, seed=0,
+                          update="td", td_rate=0.2)
+    returns = collect(client, 400, 0.8 * 0.9 ** np.arange(400.0) + 0.01)
+    greedy = rollout_returns("CartPole-v1", lambda s: int(client.q_values(
+        np.asarray(s)[None]).argmax()), 10, seed=99)
+    # uniform random actions: about 22 a CartPole episode
+    assert returns[-20:].mean() > 200 and greedy.mean() > 50

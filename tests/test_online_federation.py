@@ -461,3 +461,24 @@ def test_eval_every_evaluates_every_kth_round_and_the_last(tmp_path):
     sent = [r["round"] for r in rows if r.get(f"{C.EVALUATE_PREFIX}{C.REPLIES_OK}")]
     assert evaluated == sent == [3, 4]
     assert all(r[C.REPLIES_OK] == 2 for r in rows)  # every round trained
+
+
+@pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
+def test_td_clients_learn_through_the_apps_without_a_buffer(tmp_path, encoder):
+    """A preset's ``update = "td"``: the apps' clients learn at every step while they
+    collect (one episode at a time, nothing buffered), reply what they learnt and
+    federate it like any readout."""
+    preset = write_preset(tmp_path, "td", **{
+        "hd-dim": 1000, "bandwidth": 1.0, "gamma": 0.9, "ridge": 1e-4, "proximal": 0.0,
+        "local-iterations": 1, "episodes-per-round": 20, "update": "td", "td-rate": 0.2,
+        "epsilon": [0.8, 0.9, 0.01]})
+    rows, grid = _federate(tmp_path, 3, encoder=encoder, base={
+        "protocol": "online", "eval-episodes": 3, "min-nodes": 3, "num-anchors": 300}, **{
+        "preset": preset, "online-episodes": 300})
+    train = [r[TRAIN_RETURN_LAST100] for r in rows]
+    # uniform random actions: about 22 a CartPole episode
+    assert train[0] < 40 and train[-1] > 2 * train[0] and rows[-1][C.RETURN_MEAN] > 60
+    for context in grid.contexts.values():
+        record = context.state["fedqhd-online"]
+        assert record["states"].numpy().shape[0] == 0 and record["episode-returns"].numpy(
+            ).shape == (300,)

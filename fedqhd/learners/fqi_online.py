@@ -85,13 +85,16 @@ def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, d
                                   env_id=cfg.env_id)["dynamics"]
     dim = int(encoder.omega_.shape[1])
     settings = cfg.online
+    td = settings.update == "td"  # learns while it acts: no buffer, one episode at a time
     client = OnlineClient(cfg.env_id, encoder, gamma=cfg.gamma, ridge=cfg.ridge,
                           proximal=cfg.proximal, action_gap=settings.action_gap,
                           n_step=settings.n_step, tail=settings.tail, mc_mix=settings.mc_mix,
                           ucb=settings.ucb, mc_window=settings.mc_window,
-                          capacity=default_capacity(dim), per_episode=settings.per_episode,
-                          n_parallel=cfg.episodes_per_round,
-                          seed=shard_seed(cfg.seed, pid), dynamics=dynamics or None)
+                          capacity=0 if td else default_capacity(dim),
+                          per_episode=settings.per_episode,
+                          n_parallel=1 if td else cfg.episodes_per_round,
+                          seed=shard_seed(cfg.seed, pid), dynamics=dynamics or None,
+                          update=settings.update, td_rate=settings.td_rate)
     return client, {"dynamics": dynamics}
 
 
@@ -295,7 +298,9 @@ class FQIOnline(FQI):
         k = cfg.episodes_per_round
         collect(client, k, epsilon_schedule(*cfg.online.epsilon)(np.arange(done, done + k)))
         strategy = cfg.resolved_strategy
-        if strategy != "pooled":  # the oracle's fit is the server's sweeps (pooled_sweep)
+        # the oracle's fit is the server's sweeps (pooled_sweep); a td client learnt as it
+        # collected
+        if strategy != "pooled" and client.update == "fqi":
             client.fit(cfg.local_iterations, init=start, prior=start)
         save_node(context, cfg, client, cache)
         metrics.update({C.NUM_TRANSITIONS: client.n_transitions,

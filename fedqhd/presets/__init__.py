@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedqhd.envs.inventory import DEMANDS, MODELS
+from fedqhd.online import UPDATES
 from fedqhd.pool.api import ZONINGS
 from fedqhd.pool.learner import KERNELS
 from fedqhd.settings import KeyedSettings, SettingError, choice, flag, number, setting
@@ -90,6 +91,11 @@ class OnlineSettings(KeyedSettings):
     obs_scale: tuple[float, ...] = setting((), _scales, "multipliers of the task's "
                                             "observation bounds for the encoders (the "
                                             "kernel's length scale per coordinate)")
+    update: str = setting("fqi", choice(UPDATES), "how a client learns: fqi (ridge "
+                          "fitted Q-iteration on its buffer, local-iterations sweeps a round) "
+                          "or td (Q-learning at every step while it collects, the paper's)")
+    td_rate: float = setting(0.1, number(0.0, 2.0, lo_open=True),
+                              "update = td: the step, as a fraction of the TD error")
 
 
 @dataclass(frozen=True)
