@@ -132,9 +132,9 @@ def _run_rounds(grid: Grid, cfg: RunConfig, resume: Resume | None, out_dir: Path
         restore_rng(ckpt.rng)  # last: building the plan may draw from the global streams
         log(INFO, "fedqhd: resuming %s after round %d of %d", out_dir, done,
             cfg.num_server_rounds, extra=CONSOLE)
-    log(INFO, "%s: %s, %d rounds; results in %s (Flower's full log: %s%s)", learner.log_label,
-        learner.title(cfg), cfg.num_server_rounds, out_dir, LOG_NAME,
-        "" if cfg.verbose else ", or run config verbose=true", extra=CONSOLE)
+    log(INFO, "%s: %s, %d rounds; results in %s (Flower's full log: %s there%s)",
+        learner.log_label, learner.title(cfg), cfg.num_server_rounds, out_dir, LOG_NAME,
+        "" if cfg.verbose else "; run config verbose=true shows it here", extra=CONSOLE)
     recorder = RunRecorder(cfg, out_dir, plan.run_info, curves=learner.curves,
                            title=learner.title(cfg),
                            rows=resume.rows if resume is not None else None,
