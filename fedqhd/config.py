@@ -168,8 +168,12 @@ class RunConfig:
         "seconds to wait for a round's replies; late or lost ones count as timed out"))
     resume_from: str = field(default="", metadata=_key(
         lambda v: None, "a stopped run's folder: continue it from its last checkpoint "
-        "(same config but num-server-rounds, output-dir, round-timeout, node-wait-timeout); "
-        "offline fqi only; empty: a new run"))
+        "(same config but num-server-rounds, output-dir, round-timeout, node-wait-timeout, "
+        "verbose); offline fqi only; empty: a new run"))
+    verbose: bool = field(default=False, metadata=_key(
+        lambda v: None, "show Flower's full log on the console (per-round metrics, its "
+        "results dump, known-harmless warnings); it always goes to run.log in the run "
+        "folder"))
     # ---- safeguards against faulty or malicious clients ----
     aggregation: str = field(default="mean", metadata=_key(
         _choice(AGGREGATIONS), "how replies (readouts, anchor Q-values, evaluation metrics) "

@@ -181,13 +181,13 @@ def federated_study(clients: int, rho: float, seeds: int, **settings: object
     import numpy as np
 
     from fedqhd.client.app import app as client_app
+    from fedqhd.console import console_level
     from fedqhd.learners import parse_run_config
     from fedqhd.learners.pool_federated import ClientPrivacy, GapEvaluator, fit, release
     from fedqhd.server.app import run_federation
     from fedqhd.server.inprocess import InProcessGrid
     from fedqhd.strategies import contract as C
 
-    logging.getLogger("flwr").setLevel(logging.WARNING)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         preset = _pool_preset(tmp, "study", **settings)
@@ -205,7 +205,8 @@ def federated_study(clients: int, rho: float, seeds: int, **settings: object
                       "reproducible-noise": True, "rho": rho}] * clients
             grid = InProcessGrid([client_app] * clients, run_config=cfg.to_run_config(),
                                  node_configs=nodes)
-            _, out_dir = run_federation(grid, cfg)
+            with console_level(logging.WARNING):  # the study's table, not each run's round
+                _, out_dir = run_federation(grid, cfg)
             row = json.loads((out_dir / "results.json").read_text())["rounds"][-1]
             pooled_cfg = cfg.replace(preset=pooled_preset)
             counts, _ = release(pooled_cfg, 0, ClientPrivacy.of(pooled_cfg, nodes[0]))

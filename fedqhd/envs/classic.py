@@ -31,7 +31,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.envs.box2d.lunar_lander import heuristic as _lunar_heuristic
 
 from fedqhd.envs import registry
 from fedqhd.envs.registry import ENV_IDS, EnvSpec, get_spec
@@ -263,8 +262,11 @@ _DISCRETE_LANDER = SimpleNamespace(unwrapped=SimpleNamespace(continuous=False))
 
 
 def _lunar_lander_heuristic(obs: np.ndarray) -> int:
-    # gymnasium's own controller only reads ``env.unwrapped.continuous``
-    return int(_lunar_heuristic(_DISCRETE_LANDER, obs))
+    # gymnasium's own controller only reads ``env.unwrapped.continuous``; imported here:
+    # Box2D's import warns (SWIG types), which every run without LunarLander can skip
+    from gymnasium.envs.box2d.lunar_lander import heuristic
+
+    return int(heuristic(_DISCRETE_LANDER, obs))
 
 
 _HEURISTICS: dict[str, Policy] = {

@@ -17,11 +17,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedqhd.config import ConfigError, RunConfig
+from fedqhd.console import CONSOLE, LOG_NAME, RunConsole, summary_line
 from fedqhd.learners import check_run_config, get_learner, parse_run_config
 from fedqhd.seeding import seed_globals
 from fedqhd.server.checkpoint import Checkpoint, CheckpointError, capture_rng, restore_rng
 from fedqhd.server.results import RunRecorder, new_run_dir
-from fedqhd.server.resume import RoundOffset, open_resume
+from fedqhd.server.resume import Resume, RoundOffset, open_resume
 from fedqhd.server.window import for_simulation
 from fedqhd.strategies import contract as C
 
@@ -41,13 +42,16 @@ def main(grid: Grid, context: Context) -> None:
     except ConfigError as exc:
         log(ERROR, "fedqhd: invalid run config, the run stops: %s", exc)
         raise
-    try:
-        # Flower's simulation polls every stored message per node: keep few stored at once,
-        # and let a node's poll look at its own messages only
-        final, out_dir = run_federation(for_simulation(grid), cfg)
-    except CheckpointError as exc:
-        log(ERROR, "fedqhd: cannot resume, the run stops: %s", exc)
-        raise
+    # quiet console from here on (Ray's workers print through this process's streams);
+    # run_federation names the run folder, whose run.log gets everything
+    with RunConsole(verbose=cfg.verbose, streams=True):
+        try:
+            # Flower's simulation polls every stored message per node: keep few stored at
+            # once, and let a node's poll look at its own messages only
+            final, out_dir = run_federation(for_simulation(grid), cfg)
+        except CheckpointError as exc:
+            log(ERROR, "fedqhd: cannot resume, the run stops: %s", exc)
+            raise
     if final.get("status") == "failed":
         # Flower 1.42 logs a ServerApp exception, marks the run "finished:failed" with the
         # message as its details, and exits flwr-serverapp with a non-zero code
@@ -100,6 +104,14 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
     seed_globals(cfg.seed)  # Flower samples nodes with Python's random
     resume = open_resume(cfg) if cfg.resume_from else None
     out_dir = resume.run_dir if resume is not None else new_run_dir(cfg.output_dir)
+    # in process a console of its own; under the ServerApp's, this only names the folder
+    with RunConsole(verbose=cfg.verbose, run_dir=out_dir):
+        return _run_rounds(grid, cfg, resume, out_dir), out_dir
+
+
+def _run_rounds(grid: Grid, cfg: RunConfig, resume: Resume | None, out_dir: Path
+                ) -> dict[str, Any]:
+    """:func:`run_federation`'s rounds, in ``out_dir``, with its console active."""
     learner = get_learner(cfg.learner_key)
     plan = learner.server_plan(cfg, **strategy_kwargs(cfg))
     restore = getattr(plan.strategy, "restore_state", None)
@@ -119,9 +131,10 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
             ckpt.round]
         restore_rng(ckpt.rng)  # last: building the plan may draw from the global streams
         log(INFO, "fedqhd: resuming %s after round %d of %d", out_dir, done,
-            cfg.num_server_rounds)
-    else:
-        log(INFO, "fedqhd: results of this run go to %s", out_dir)
+            cfg.num_server_rounds, extra=CONSOLE)
+    log(INFO, "%s: %s, %d rounds; results in %s (Flower's full log: %s there%s)",
+        learner.log_label, learner.title(cfg), cfg.num_server_rounds, out_dir, LOG_NAME,
+        "" if cfg.verbose else "; run config verbose=true shows it here", extra=CONSOLE)
     recorder = RunRecorder(cfg, out_dir, plan.run_info, curves=learner.curves,
                            title=learner.title(cfg),
                            rows=resume.rows if resume is not None else None,
@@ -146,7 +159,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
                        rng=capture_rng(), rows=len(recorder.rounds),
                        rows_bytes=recorder.rows_bytes, resumes=resumes).save(out_dir)
         log(INFO, "%s round %d/%d: %s", learner.log_label, server_round, cfg.num_server_rounds,
-            learner.round_line(cfg, row))
+            learner.round_line(cfg, row), extra=CONSOLE)
         return metrics
 
     strategy = plan.strategy if resume is None else RoundOffset(plan.strategy, done)
@@ -159,8 +172,9 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
         status = run_status(recorder.rounds, cfg)
         status.update(status="failed", reason=f"{type(exc).__name__}: {exc}", **extra)
         recorder.finish(C.from_array_record(latest["arrays"]), status)
-        log(ERROR, "fedqhd: run failed after %d round(s): %s; results in %s",
-            len(recorder.rounds), status["reason"], out_dir)
+        log(ERROR, "%s", summary_line(
+            learner.log_label, "failed", None, out_dir,
+            f"{status['reason']} (after {len(recorder.rounds)} round(s))"))
         raise
     status = run_status(recorder.rounds, cfg)
     report = learner.final_report(cfg, plan, recorder.rounds) or {}
@@ -168,10 +182,13 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
         final = recorder.finish(C.from_array_record(latest["arrays"]),
                                 {**status, **report, **extra})
     except Exception as exc:  # results.json says failed (RunRecorder.finish); so does the log
-        log(ERROR, "fedqhd: run failed writing its outputs: %s: %s; results in %s",
-            type(exc).__name__, exc, out_dir)
+        log(ERROR, "%s", summary_line(learner.log_label, "failed", None, out_dir,
+                                      f"writing its outputs: {type(exc).__name__}: {exc}"))
         raise
-    log(INFO, "%s: %s; results in %s", learner.log_label, learner.final_line(final), out_dir)
     if final["status"] == "failed":
-        log(ERROR, "fedqhd: run FAILED: %s", final["reason"])
-    return final, out_dir
+        log(ERROR, "%s", summary_line(learner.log_label, "failed", None, out_dir,
+                                      final["reason"]))
+    else:
+        log(INFO, "%s", summary_line(learner.log_label, "finished", learner.final_line(final),
+                                     out_dir), extra=CONSOLE)
+    return final

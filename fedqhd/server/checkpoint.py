@@ -29,7 +29,7 @@ FORMAT = 1                      #: bump when the layout changes
 _STATE = "__state__"
 #: run-config keys a resumed run may change: they do not change any round's result
 RESUMABLE_CHANGES = frozenset({"resume-from", "num-server-rounds", "output-dir",
-                               "round-timeout", "node-wait-timeout"})
+                               "round-timeout", "node-wait-timeout", "verbose"})
 
 
 class CheckpointError(ValueError):

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from fedqhd.config import RunConfig
+from fedqhd.console import console_level
 from fedqhd.files import atomic_write
 from fedqhd.learners.base import REFERENCE
 
@@ -94,7 +95,8 @@ def _federated(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
     from fedqhd.server.inprocess import InProcessGrid
 
     grid = InProcessGrid([client_app] * n_clients, run_config=cfg.to_run_config())
-    final, out_dir = run_federation(grid, cfg)
+    with console_level(logging.WARNING):  # the bench's progress bar, not each run's rounds
+        final, out_dir = run_federation(grid, cfg)
     return {"return-mean": final["return-mean"], "best-return-mean": final["best-return-mean"],
             REFERENCE: final[REFERENCE], "run-dir": str(out_dir)}
 
@@ -102,10 +104,8 @@ def _federated(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
 def run_federated_only(env_id: str, n_clients: int, seeds: list[int], rounds: int, out: Path,
                        overrides: dict[str, Any], strategy: str) -> dict[str, Any]:
     """Only one federated strategy per seed (for sweeps of its settings)."""
-    from flwr.common.logger import FLOWER_LOGGER
     from tqdm import tqdm
 
-    FLOWER_LOGGER.setLevel(logging.WARNING)
     encoder = "shared" if strategy == "avg" else "heterogeneous"
     rows = []
     for seed in tqdm(seeds, desc=f"{strategy} {env_id}", unit="seed"):
@@ -125,10 +125,8 @@ def run_federated_only(env_id: str, n_clients: int, seeds: list[int], rounds: in
 
 def run_bench(env_id: str, n_clients: int, seeds: list[int], rounds: int,
               out: Path, overrides: dict[str, Any]) -> dict[str, Any]:
-    from flwr.common.logger import FLOWER_LOGGER
     from tqdm import tqdm
 
-    FLOWER_LOGGER.setLevel(logging.WARNING)
     rows = []
     for seed in tqdm(seeds, desc=f"bench {env_id}", unit="seed"):
         base = RunConfig(env_id=env_id, seed=seed, num_server_rounds=rounds,

@@ -155,25 +155,22 @@ def run_app_cell(method: str, env_id: str, setting: str, seed: int, episodes: in
     import shutil
     import tempfile
 
-    from flwr.common.logger import FLOWER_LOGGER
-
     from fedqhd.client.app import app as client_app
+    from fedqhd.console import console_level
     from fedqhd.learners import parse_run_config
     from fedqhd.server.app import run_federation
     from fedqhd.server.inprocess import InProcessGrid
 
     keys = app_run_config(method, env_id, setting, seed, episodes, clients)
     scratch = Path(tempfile.mkdtemp(prefix="fedqhd-paper-"))
-    level = FLOWER_LOGGER.level
     wall0, cpu0 = time.perf_counter(), time.process_time()
     try:
-        FLOWER_LOGGER.setLevel(logging.WARNING)
         cfg = parse_run_config({**keys, "output-dir": str(scratch)})
-        final, out_dir = run_federation(
-            InProcessGrid([client_app] * clients, run_config=cfg.to_run_config()), cfg)
+        with console_level(logging.WARNING):
+            final, out_dir = run_federation(
+                InProcessGrid([client_app] * clients, run_config=cfg.to_run_config()), cfg)
         rows = json.loads((out_dir / "results.json").read_text())["rounds"]
     finally:
-        FLOWER_LOGGER.setLevel(level)
         shutil.rmtree(scratch, ignore_errors=True)
     if final.get("status") != "completed":
         raise RuntimeError(f"{method} {env_id} {setting} seed {seed}: the run failed "

@@ -394,7 +394,8 @@ def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Pat
     run is killed when all its processes together hold more (a RuntimeError that says
     so; the rounds done are in the run's ``rounds.jsonl``)."""
     out.mkdir(parents=True, exist_ok=True)
-    cfg = {**run_config, "output-dir": str(out / "flwr")}
+    # verbose: the milestones are Flower's own lines, which the quiet console keeps back
+    cfg = {**run_config, "output-dir": str(out / "flwr"), "verbose": True}
     with tempfile.TemporaryDirectory(dir=out) as home, PeakMemory(limit=memory_limit) as mem:
         t0 = time.perf_counter()
         # shards from the same cache as the in-process run: round 1 compares like with like
