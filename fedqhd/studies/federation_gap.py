@@ -34,7 +34,11 @@ What is measured, per seed:
   states and actions, ``||Q_compiled - Q_oracle||_F / ||Q_oracle||_F``. Beside it: the
   compiled and the oracle against the teacher (the oracle's is the heterogeneity floor),
   and the *oracle split*: two oracles fitted on the two halves of the ``N`` states,
-  against each other, which bounds how much of the gap is the oracle's own sampling.
+  against each other, which bounds how much of the gap is the oracle's own sampling;
+  and the anchor system's effective dimension ``sum_k mu_k / (mu_k + ridge)`` over the
+  eigenvalues of the anchor Gram (:meth:`~fedqhd.readout.RidgeSystem.effective_dimension`):
+  how many directions the compile really fits. The paper's conditioning argument counts
+  ``D``; on CartPole's states far fewer directions carry weight.
 
 Two sweeps: ``D`` with ``m = 4D``, and ``m`` at ``D = 512``; each for every variant
 (:data:`VARIANTS`: the library's compile, a near-zero compile ridge, anchors drawn from
@@ -208,9 +212,11 @@ class Problem:
                              local_ridge(self.cfg.ridge, len(self.members) + 1), proximal=0.0,
                              compile_ridge=ridge)
         anchors = self.anchors(variant, m)
-        residual = learner.compile(anchors, self.teacher(anchors))
+        taught = self.teacher(anchors)
+        residual = learner.compile(anchors, taught)
+        assert learner.anchor_system is not None
+        d_eff = learner.anchor_system.effective_dimension()
         oracle, split = self.oracle(dim)
-        d_eff = effective_dimension(enc.encode(anchors), ridge)
         feats = enc.encode(self.eval_states)
         q_oracle, q_compiled = feats @ oracle, feats @ learner.readout
         return {"variant": variant.name, "seed": self.seed, "D": dim, "m": m,
@@ -219,8 +225,7 @@ class Problem:
                 "oracle-vs-teacher": _relative(q_oracle, self.teacher_eval),
                 "oracle-split": split, "effective-dimension": d_eff,
                 "greedy-agreement": float(np.mean(q_compiled.argmax(1) == q_oracle.argmax(1))),
-                "anchor-residual": residual / max(float(np.linalg.norm(
-                    self.teacher(anchors))), 1e-300),
+                "anchor-residual": residual / max(float(np.linalg.norm(taught)), 1e-300),
                 "seconds": round(time.perf_counter() - t0, 3)}
 
 
@@ -237,16 +242,6 @@ def held_out_states(cfg: RunConfig, clients: int, n: int) -> np.ndarray:
             rng = np.random.default_rng(held_out_seed(cfg.seed))
             return states[rng.permutation(len(states))[:n]]
         episodes = int(episodes * max(2.0, 1.2 * n / max(len(states), 1)))
-
-
-def effective_dimension(features: np.ndarray, ridge: float) -> float:
-    """``sum_k mu_k / (mu_k + ridge)`` over the eigenvalues ``mu_k`` of the anchor Gram:
-    how many directions the compile actually fits (at most min(m, D)). The paper's
-    conditioning argument counts D; on CartPole's states far fewer directions carry
-    weight, which is where our m-sweep departs from it."""
-    gram = features @ features.T if len(features) < features.shape[1] else features.T @ features
-    mu = np.clip(np.linalg.eigvalsh(gram), 0.0, None)
-    return float(np.sum(mu / (mu + ridge)))
 
 
 def _normal_equations(enc: HDEncoder, states: np.ndarray, targets: np.ndarray
