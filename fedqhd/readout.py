@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.linalg import cho_factor, cho_solve
+from scipy.linalg import cho_factor, cho_solve, solve_triangular
 from scipy.linalg.blas import dsymv, dsyrk
 
 from fedqhd.memory import UPCAST_ROWS
@@ -105,6 +105,17 @@ class RidgeSystem:
         if n:
             gram[np.diag_indices_from(gram)] += c
             self._factor = cho_factor(gram, lower=True, check_finite=False)
+
+    def effective_dimension(self) -> float:
+        """``sum_k mu_k / (mu_k + c)`` over the eigenvalues ``mu_k`` of ``Phi^T Phi``
+        (``c`` = ridge + proximal): how many directions the system actually fits, at most
+        min(n, D). From the factor: ``size - c ||L^-1||_F^2`` (no eigendecomposition)."""
+        if self._factor is None:
+            return 0.0
+        lower = self._factor[0]
+        size = len(lower)
+        inverse = solve_triangular(lower, np.eye(size), lower=True, check_finite=False)
+        return float(size - (self.ridge + self.proximal) * np.sum(inverse * inverse))
 
     def solve(self, targets: np.ndarray, prior: np.ndarray | None = None) -> np.ndarray:
         """Minimise ``||Phi W - Y||^2 + ridge ||W||^2 + proximal ||W - prior||^2``.

@@ -24,6 +24,7 @@ _BEHAVIOUR = 0xBE4A
 _EPISODES = 0x5EED
 _DYNAMICS = 0xD1CE
 _POOL_ANCHORS = 0xA2C
+_HELD_OUT = 0x4E1D
 _POOL_DATA = 1
 _POOL_NOISE = 2
 _POOL_EVALUATION = 3
@@ -75,6 +76,12 @@ def dynamics_rng(seed: int) -> np.random.Generator:
 def anchor_seed(seed: int) -> int:
     """Anchor states of a run (FedQHDAnchor's rollouts or uniform draws)."""
     return int(seed)
+
+
+def held_out_seed(seed: int) -> int:
+    """Run seed of held-out data (the federation-gap study's oracle and evaluation states):
+    same behaviour policies as the run's shards, other episodes."""
+    return _int(seed, _HELD_OUT) % (2**31 - 1)
 
 
 def pool_anchor_rng(seed: int) -> np.random.Generator:

@@ -199,3 +199,14 @@ def test_float32_features_are_the_only_thing_rounded(dim, monkeypatch):
     rounded.fit(20, init=w)
     assert np.abs(rounded.readout_).max() > 1.0  # a real fit, not zeros
     np.testing.assert_allclose(narrow.readout_, rounded.readout_, rtol=0, atol=1e-12)
+
+
+def test_effective_dimension_from_the_factor_matches_the_eigenvalues():
+    from fedqhd.readout import RidgeSystem
+
+    rng = np.random.default_rng(0)
+    for n, d in ((30, 50), (80, 20)):  # dual and primal form
+        phi = rng.normal(size=(n, d)) * np.geomspace(1, 1e-4, d)
+        system = RidgeSystem(phi, ridge=1e-3)
+        mu = np.linalg.eigvalsh(phi.T @ phi)
+        assert system.effective_dimension() == pytest.approx(np.sum(mu / (mu + 1e-3)), rel=1e-9)

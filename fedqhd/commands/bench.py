@@ -1,6 +1,8 @@
 """``fedqhd bench``: the bench (:mod:`fedqhd.studies.bench`), the FedQHD paper's table
-(``--suite paper``, :mod:`fedqhd.studies.paper`) and the scale suite (``--suite scale``,
-:mod:`fedqhd.studies.scale`): parse the arguments, run the study, print its table.
+(``--suite paper``, :mod:`fedqhd.studies.paper`), the scale suite (``--suite scale``,
+:mod:`fedqhd.studies.scale`) and the paper's federation-gap ablations (``--suite
+federation-gap``, :mod:`fedqhd.studies.federation_gap`): parse the arguments, run the
+study, print its table.
 """
 
 from __future__ import annotations
@@ -58,10 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dim", type=int, default=2000, help="D for --speed")
     suite = p.add_argument_group("the paper's table (--suite paper): online protocol, "
                                  "5 clients x 600 episodes, seeds 42,43,44 unless given")
-    suite.add_argument("--suite", choices=["paper", "scale"],
-                       help="instead: the FedQHD paper's table (fedqhd.studies.paper), or the "
+    suite.add_argument("--suite", choices=["paper", "scale", "federation-gap"],
+                       help="instead: the FedQHD paper's table (fedqhd.studies.paper), the "
                        "scale suite (fedqhd.studies.scale: in-process vs flwr run round time at "
-                       "--clients, streamed-fit memory, FedQHDExact exactness, BLAS fraction)")
+                       "--clients, streamed-fit memory, FedQHDExact exactness, BLAS fraction), "
+                       "or the paper's federation-gap ablations (fedqhd.studies.federation_gap: "
+                       "compiled teacher vs oracle projection, vs D with m = 4D and vs m at "
+                       "D = 512; default seeds 0,1,2, --clients 5)")
     suite.add_argument("--envs", help="comma-separated tasks (default: all four)")
     suite.add_argument("--settings", help="shared,heterogeneous (default: both)")
     suite.add_argument("--methods", help="comma-separated (default: "
@@ -79,6 +84,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="run nothing: join these suites' paper.json files (same protocol; "
                        "a cell in two files must have one result) into --out's table, "
                        "paper.json and curves")
+    gap = p.add_argument_group("--suite federation-gap (default out: outputs/federation-gap)")
+    gap.add_argument("--quick", action="store_true",
+                     help="a small grid (D 32-256, m 32-512 at D = 128, seeds 0,1): seconds")
     scale = p.add_argument_group("--suite scale (default --clients 10 --rounds 5)")
     scale.add_argument("--no-flwr", action="store_true",
                        help="skip the flwr run (Ray) measurement")
@@ -175,6 +183,38 @@ def _scale_suite(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gap_suite(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from tqdm import tqdm
+
+    from fedqhd.studies import federation_gap as gap
+
+    settings = gap.QUICK if args.quick else gap.GapSettings()
+    overrides = {**parse_overrides(args.set), "env_id": args.env}
+    settings = replace(settings, run_config=overrides)
+    if args.seeds:
+        settings = replace(settings, seeds=tuple(int(s) for s in args.seeds.split(",")))
+    if args.clients:
+        if args.clients < 2:
+            raise SystemExit("--clients: the federation-gap suite needs >= 2 (a teacher and "
+                             "the client that compiles it)")
+        settings = replace(settings, clients=args.clients)
+    out = args.out or Path("outputs/federation-gap")
+    steps = len(settings.seeds) * len(settings.variants) * (len(settings.dims)
+                                                            + len(settings.anchor_counts))
+    with tqdm(total=steps, desc="federation gap", unit="point") as bar:
+        def step(text: str) -> None:
+            bar.set_postfix_str(text)
+            bar.update()
+
+        summary = gap.run_suite(settings, out, progress=step)
+    print(gap.markdown(summary))
+    print(f"written {out / 'federation-gap.json'}, .csv, .md and .png "
+          f"({summary['wall-s']:.0f} s)")
+    return 0
+
+
 def _main(args: argparse.Namespace) -> int:
     from fedqhd.config import ConfigError
 
@@ -188,6 +228,8 @@ def _main(args: argparse.Namespace) -> int:
         return _paper_suite(args)
     if args.suite == "scale":
         return _scale_suite(args)
+    if args.suite == "federation-gap":
+        return _gap_suite(args)
     args.rounds = args.rounds or 30
     args.clients = args.clients or 10
     args.seeds = args.seeds or "0,1,2"

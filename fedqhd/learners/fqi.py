@@ -247,6 +247,12 @@ class FQILearner:
         self.readout = system.solve(teacher)
         return float(np.linalg.norm(system.features @ self.readout - teacher))
 
+    @property
+    def anchor_system(self) -> RidgeSystem | None:
+        """The factored anchor system of the last :meth:`compile` (None before one): its
+        conditioning is what the federation-gap study reports."""
+        return self._anchor_system
+
     def q_values(self, states: np.ndarray) -> np.ndarray:
         """Q(s, .) for each row of ``states``, shape (n, |A|)."""
         return self.encoder.encode(states) @ self.readout
