@@ -151,11 +151,22 @@ def is_reported(exc: BaseException | None) -> bool:
 class _DropReportedTracebacks(logging.Filter):
     """Drop a log record whose exception fedqhd has already reported in one line: Flower's
     ``ServerApp raised an exception`` / ``Simulation raised an exception`` and its
-    traceback."""
+    traceback, then the ``Exit Code: ...`` block Flower logs as that process exits ("an
+    unhandled exception occurred": it was handled, and said)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped = False  #: a reported exception's record was dropped in this process
 
     def filter(self, record: logging.LogRecord) -> bool:
         info = record.exc_info
-        return not (info and info[1] is not None and is_reported(info[1]))
+        if info and info[1] is not None and is_reported(info[1]):
+            self.dropped = True
+            return False
+        if self.dropped and str(record.msg).startswith("Exit Code: "):
+            self.dropped = False
+            return False
+        return True
 
 
 _FILTER = _DropReportedTracebacks()
