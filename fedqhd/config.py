@@ -76,7 +76,7 @@ def did_you_mean(word: Any, options: Any) -> str:
     (difflib), or empty: a misspelling should name its fix, not only the valid list."""
     if not isinstance(word, str):
         return ""
-    near = difflib.get_close_matches(word, [str(o) for o in options], n=3, cutoff=0.7)
+    near = difflib.get_close_matches(word, [str(o) for o in options], n=3, cutoff=0.6)
     return f" (did you mean {' or '.join(repr(n) for n in near)}?)" if near else ""
 
 

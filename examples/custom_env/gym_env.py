@@ -8,10 +8,15 @@ time limit of 100 steps. Its observation is a 2 x 3 matrix in an unbounded Box a
 actions are Discrete(2): fedqhd makes its registry entry from those spaces and the spec
 (flattened to 6 numbers, scales inferred from random rollouts, the spec's 100 steps).
 
-Run it from this folder:
-    flwr run . --stream --federation-config "num-supernodes=5" --run-config "env-module='gym_env' env-id='GymDrift-v0' partition='iid' epsilon-min=1.0 epsilon-max=1.0"
-or in process, with this folder on PYTHONPATH:
-    fedqhd bench --env-module gym_env --env GymDrift-v0 --only avg --set "partition='iid'" --set epsilon-min=1.0 --set epsilon-max=1.0
+Run it from this folder (no heuristic controller: random behaviour, epsilon 1)::
+
+    flwr run . --stream --federation-config "num-supernodes=5" --run-config \
+      "env-module='gym_env' env-id='GymDrift-v0' partition='iid' epsilon-min=1.0 epsilon-max=1.0"
+
+or in process, with this folder on PYTHONPATH::
+
+    fedqhd bench --env-module gym_env --env GymDrift-v0 --only avg \
+      --set "partition='iid'" --set epsilon-min=1.0 --set epsilon-max=1.0
 """
 
 from __future__ import annotations
