@@ -125,6 +125,10 @@ def test_flwr_run_learns_a_gym_registered_env(gym_env: str, tmp_path: Path,
     assert proc.returncode == 0, log[-4000:]
     data = json.loads(next(out_dir.glob("*/*/results.json")).read_text())
     assert [r["replies-ok"] for r in data["rounds"]] == [3, 3, 3]
+    import importlib
+
+    importlib.import_module("gym_env")  # gym.register here too, for the random baseline
+
     rng = np.random.default_rng(0)
     random = rollout_returns(gym_env, lambda o: int(rng.integers(2)), 10, seed=1).mean()
     assert data["final"]["return-mean"] > random + 40, (data["final"], random)
