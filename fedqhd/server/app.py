@@ -20,7 +20,7 @@ from fedqhd.config import ConfigError, RunConfig
 from fedqhd.learners import check_run_config, get_learner, parse_run_config
 from fedqhd.seeding import seed_globals
 from fedqhd.server.checkpoint import Checkpoint, CheckpointError, capture_rng, restore_rng
-from fedqhd.server.failures import RunFailed, fail_fast, quiet_reported, reported
+from fedqhd.server.failures import RoundFailed, RunFailed, fail_fast, quiet_reported, reported
 from fedqhd.server.preflight import preflight
 from fedqhd.server.results import RunRecorder, new_run_dir
 from fedqhd.server.resume import RoundOffset, open_resume
@@ -167,6 +167,8 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
     except Exception as exc:
         status = run_status(recorder.rounds, cfg)
         status.update(status="failed", reason=f"{type(exc).__name__}: {exc}", **extra)
+        if isinstance(exc, RoundFailed):  # its replies never reached a round's row
+            status["replies"][C.REPLIES_FAILED] += exc.replies
         recorder.finish(C.from_array_record(latest["arrays"]), status)
         log(ERROR, "fedqhd: run failed after %d round(s): %s; results in %s",
             len(recorder.rounds), status["reason"], out_dir)
