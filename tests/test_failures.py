@@ -211,6 +211,11 @@ def test_fedqhd_check_names_a_misspelled_key(capsys: pytest.CaptureFixture[str])
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "'num-server-round'" in err and "did you mean 'num-server-rounds'?" in err
+    assert "[code: 15] Invalid run configuration." in err  # Flower would refuse it
+    # a key fedqhd knows but this app does not list: Flower refuses it, so does check
+    example = ROOT / "examples" / "custom_env"
+    assert fedqhd_main(["check", str(example), "--run-config", "gamma=0.9"]) == 2
+    assert "add it to [tool.flwr.app.config]" in capsys.readouterr().err
     assert fedqhd_main(["check", str(ROOT), "--run-config", "partition='idd'"]) == 2
     assert "did you mean 'iid'?" in capsys.readouterr().err
     assert fedqhd_main(["check", str(ROOT), "--run-config", "num-server-rounds=3"]) == 0
