@@ -15,6 +15,7 @@ their names, :data:`LEARNERS`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -25,7 +26,7 @@ from typing import Any
 from fedqhd.anchors import ANCHOR_SOURCES
 from fedqhd.data.partition import PARTITIONS
 from fedqhd.encoders import ENCODER_KINDS
-from fedqhd.envs import env_ids, get_spec, is_registered, load_env_modules
+from fedqhd.envs import env_ids, get_entry, get_spec, load_env_modules
 from fedqhd.online import default_capacity
 from fedqhd.presets import (
     OnlineSettings,
@@ -70,8 +71,18 @@ def _preset(v: Any) -> str | None:
     return "auto, manual, or the path of a preset file (.toml)"
 
 
+def did_you_mean(word: Any, options: Any) -> str:
+    """`` (did you mean 'x'?)`` naming the near matches of ``word`` among ``options``
+    (difflib), or empty: a misspelling should name its fix, not only the valid list."""
+    if not isinstance(word, str):
+        return ""
+    near = difflib.get_close_matches(word, [str(o) for o in options], n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(repr(n) for n in near)}?)" if near else ""
+
+
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str | None]:
-    return lambda v: None if v in options else f"one of {', '.join(options)}"
+    return lambda v: (None if v in options
+                      else f"one of {', '.join(options)}{did_you_mean(v, options)}")
 
 
 def _int_range(lo: int, hi: int) -> Callable[[Any], str | None]:
@@ -88,10 +99,12 @@ def _float_range(lo: float, hi: float, lo_open: bool = False, hi_open: bool = Fa
 
 
 def _registered_env(v: Any) -> str | None:
-    if is_registered(v):
-        return None
-    return (f"a registered env id ({', '.join(env_ids(None))}); register your own in a "
-            "module named by 'env-module'")
+    """fedqhd's ids and any usable one gymnasium knows; else why not, with near matches."""
+    try:
+        get_entry(v)
+    except ValueError as exc:
+        return f"a registered env id: {exc}"
+    return None
 
 
 def _key(check: Callable[[Any], str | None], doc: str) -> dict[str, Any]:
@@ -427,8 +440,7 @@ class RunConfig:
         by_key = {_kebab(f.name): f for f in run_config_fields()}
         unknown = sorted(set(run_config) - set(by_key))
         if unknown:
-            raise ConfigError(f"unknown run-config key(s) {unknown}{_node_keys_hint(unknown)}; "
-                              f"valid keys: {sorted(by_key)}")
+            raise ConfigError(unknown_keys_message(unknown, by_key))
         kwargs = {}
         for key, value in run_config.items():
             f = by_key[key]
@@ -463,6 +475,15 @@ class RunConfig:
 def run_config_fields() -> list[dataclasses.Field]:
     """The fields of :class:`RunConfig` that are run-config keys."""
     return [f for f in fields(RunConfig) if f.metadata.get("key", True)]
+
+
+def unknown_keys_message(unknown: list[str], known: Any) -> str:
+    """``unknown run-config key(s) 'a' (did you mean 'b'?)...; valid keys: ...``: what
+    every refusal of a key says (the run config here, ``fedqhd check``)."""
+    named = ", ".join(f"'{k}'{'' if _node_keys_hint([k]) else did_you_mean(k, known)}"
+                      for k in unknown)
+    return (f"unknown run-config key(s) {named}{_node_keys_hint(unknown)}; valid keys: "
+            f"{', '.join(sorted(known))}")
 
 
 #: former run-config keys that are now the node's own, and the node-config key that took over

@@ -20,8 +20,8 @@ def test_no_federations_table_in_pyproject():
 
 @pytest.mark.parametrize("key, value, fragment", [
     ("gamma", 1.0, "'gamma' = 1.0 is invalid: expected a number in [0.0, 1.0)"),
-    ("env-id", "Pong-v5", "'env-id' = 'Pong-v5' is invalid: expected a registered env id "
-     "(CartPole-v1"),
+    ("env-id", "Pong-v5", "'env-id' = 'Pong-v5' is invalid: expected a registered env id: "
+     "unknown env id 'Pong-v5'"),
     ("num-server-rounds", 0, "'num-server-rounds' = 0 is invalid: expected an integer in [1,"),
     ("ridge", 0.0, "'ridge' = 0.0 is invalid"),
     ("hd-dim", "big", "'hd-dim' = 'big' has type str, expected int"),

@@ -49,6 +49,9 @@ def test_cartpole_bounds_are_the_papers() -> None:
 
 def test_unknown_env_lists_valid_ids() -> None:
     with pytest.raises(ValueError, match="CartPole-v1.*Acrobot-v1.*MountainCar-v0.*LunarLander-v3"):
+        get_spec("Nope-v0")
+    # gymnasium knows it, but its actions are continuous: the reason, not "unknown"
+    with pytest.raises(ValueError, match="Pendulum-v1: fedqhd needs Discrete actions"):
         get_spec("Pendulum-v1")
     with pytest.raises(ValueError, match="unknown env id"):
         make_env("Nope-v0")

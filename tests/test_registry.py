@@ -112,11 +112,11 @@ def test_builtin_entries_have_the_specs_they_had() -> None:
 def test_unknown_env_id_is_named_everywhere(tmp_path: Path) -> None:
     for call in (lambda: get_spec("Nope-v9"), lambda: make_env("Nope-v9"),
                  lambda: collect_shard("Nope-v9", 1, 1.0, 0)):
-        with pytest.raises(ValueError, match="unknown env id 'Nope-v9'; registered ids: "
+        with pytest.raises(ValueError, match="unknown env id 'Nope-v9'; fedqhd's ids: "
                                              "CartPole-v1, .*register_env"):
             call()
     with pytest.raises(ConfigError, match="'env-id' = 'Nope-v9' is invalid: expected a "
-                                          "registered env id .*env-module"):
+                                          "registered env id: .*env-module"):
         RunConfig.from_run_config({"env-id": "Nope-v9"})
 
 

@@ -367,16 +367,21 @@ def test_train_and_evaluate_counts_are_kept_apart_and_lost_replies_counted(tmp_p
 
 def test_a_run_in_which_every_client_fails_ends_as_failed_and_the_serverapp_raises(tmp_path):
     # mutation checked: run_status without the "no round aggregated" rule reports completed
-    empty = tmp_path / "no-shards"
+    # (clients failing with different errors: the same error everywhere ends the run at
+    # round 1, test_failures.py)
+    empty, bad = tmp_path / "no-shards", tmp_path / "bad-shards"
     empty.mkdir()
-    nodes = [{"data-dir": str(empty)}] * 3
+    bad.mkdir()
+    for i in range(3):
+        (bad / f"shard-{i}.npz").write_bytes(b"not a shard")
+    nodes = [{"data-dir": str(empty)}, {"data-dir": str(bad)}, {"data-dir": str(empty)}]
     final, results = _run(tmp_path, n_clients=3, num_server_rounds=2, node_configs=nodes)
     assert final["status"] == "failed" and results["final"]["status"] == "failed"
     assert "no round aggregated" in results["final"]["reason"]
     assert results["final"]["replies"]["replies-failed"] == 6
     cfg = RunConfig(output_dir=str(tmp_path / "app"), hd_dim=300, num_server_rounds=1)
     grid = InProcessGrid([client_app] * 2, run_config=cfg.to_run_config(),
-                         node_configs=[{"data-dir": str(empty)}] * 2)
+                         node_configs=nodes[:2])
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
                       run_config=cfg.to_run_config())
     with pytest.raises(server_app.RunFailed, match="no round aggregated"):

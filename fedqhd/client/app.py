@@ -9,11 +9,15 @@ sweep), for ``pool`` values on anchor points computed from one noisy release. Ea
 partition-id)) and keeps what it needs between rounds in ``context.state``.
 Under Ray, each ClientApp process first limits its BLAS threads to the CPUs Ray gave
 it (:mod:`fedqhd.threads`); every train reply reports them (``blas-threads``).
+A handler that raises replies an error of one line, its exception's type and message
+(:func:`fedqhd.server.failures.reply_error`): Flower would log a traceback per client per
+round, and the server logs the reason anyway.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,10 +26,24 @@ from flwr.clientapp import ClientApp
 
 from fedqhd.config import RunConfig
 from fedqhd.learners import get_learner, parse_run_config
+from fedqhd.server.failures import reply_error
 from fedqhd.strategies import contract as C
 from fedqhd.threads import limit_client_threads
 
 app = ClientApp()
+
+Handler = Callable[[Message, Context], Message]
+
+
+def replies_errors(handler: Handler) -> Handler:
+    """``handler``, replying :func:`reply_error` instead of raising."""
+    @functools.wraps(handler)
+    def wrapped(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except Exception as exc:  # noqa: BLE001 (every failure goes back as a reply)
+            return reply_error(msg, exc)
+    return wrapped
 
 
 @functools.lru_cache(maxsize=4)
@@ -59,6 +77,7 @@ def _reply(msg: Message, arrays: dict[str, np.ndarray] | None,
 
 
 @app.train()
+@replies_errors
 def train(msg: Message, context: Context) -> Message:
     """The learner's local step on the global model; reply its arrays and metrics."""
     threads = limit_client_threads()  # first message of a Ray actor: its CPUs, not the host's
@@ -68,6 +87,7 @@ def train(msg: Message, context: Context) -> Message:
 
 
 @app.train(C.POOLED_SWEEP_ACTION)
+@replies_errors
 def pooled_sweep(msg: Message, context: Context) -> Message:
     """One sweep of the pooled-data oracle (``strategy = "pooled"``): the learner's
     sufficient statistic for the server's readout (``phi-y``), never its rows."""
@@ -83,6 +103,7 @@ def pooled_sweep(msg: Message, context: Context) -> Message:
 
 
 @app.evaluate()
+@replies_errors
 def evaluate(msg: Message, context: Context) -> Message:
     """The learner's evaluation of the global model on this client (metrics only)."""
     limit_client_threads()

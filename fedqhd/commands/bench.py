@@ -216,14 +216,11 @@ def _gap_suite(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from fedqhd.config import ConfigError
-
     if args.env_module:
         args.set = [f"env-module='{args.env_module}'", *args.set]
-    try:  # the module first (it registers the env), then the env id: errors, not tracebacks
-        parse_overrides([*args.set, f"env-id='{args.env}'"])
-    except ConfigError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    # the module first (it registers the env), then the env id: a ConfigError is one line
+    # and exit code 2 (fedqhd.commands.main), a failed run exit code 1
+    parse_overrides([*args.set, f"env-id='{args.env}'"])
     if args.suite == "paper":
         return _paper_suite(args)
     if args.suite == "scale":

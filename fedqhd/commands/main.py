@@ -3,6 +3,10 @@
 Each sub-command lives in its own module, which exposes ``register(subparsers)``
 adding a parser whose ``func`` default takes the parsed arguments and returns an
 exit code. Modules are imported lazily so ``fedqhd --help`` stays fast.
+
+A sub-command that raises a config error (:class:`fedqhd.config.ConfigError`) exits
+with code 2, a failed run (:class:`fedqhd.server.failures.RunFailed`) with code 1; each
+prints one line, not a traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import sys
 
 #: sub-command modules, in the order ``--help`` lists them
 SUBCOMMAND_MODULES = (
+    "fedqhd.commands.check",
     "fedqhd.commands.data",
     "fedqhd.commands.bench",
     "fedqhd.commands.pool",
@@ -59,7 +64,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedqhd: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except Exception as exc:
+        code = failure_code(exc)
+        if code is None:
+            raise
+        print(f"fedqhd {args.command}: {'error' if code == 2 else 'failed'}: {exc}",
+              file=sys.stderr)
+        return code
+
+
+#: exit codes of the failures a sub-command reports in one line
+CONFIG_ERROR, RUN_FAILED = 2, 1
+
+
+def failure_code(exc: BaseException) -> int | None:
+    """2 for a config error, 1 for a failed run, ``None`` for anything else (a bug: its
+    traceback stays). Imported here, lazily: both modules need the full install."""
+    from fedqhd.config import ConfigError
+    from fedqhd.server.failures import RunFailed
+
+    if isinstance(exc, ConfigError):
+        return CONFIG_ERROR
+    if isinstance(exc, RunFailed):
+        return RUN_FAILED
+    return None
 
 
 if __name__ == "__main__":

@@ -15,6 +15,13 @@ range, fingerprint) check the same entry, and one module keeps the one list.
 A module that registers environments is loaded in every process of a run by
 the run-config key ``env-module`` (:func:`load_env_modules`).
 
+An id only gymnasium knows (``gym.register`` in an ``env-module``, or a package's own)
+needs no :func:`register_env`: its entry is made on first use (:func:`gym_entry`), with
+bounds from a finite Box or inferred from random rollouts, the spec's time limit and
+its Discrete actions. :func:`register_env` stays for what cannot be inferred (a
+heuristic controller, dynamics variants, given bounds, a time limit the spec lacks).
+An unknown id names its near matches (:func:`near_ids`).
+
 Observation bounds (the HD encoder's per-coordinate scale) are given, taken
 from finite Box bounds (``"space"``), or inferred from data (``"data"``:
 observations of uniform-random rollouts, :func:`infer_obs_bound`).
@@ -23,6 +30,7 @@ Observations of a Box of rank > 1 are flattened. Actions must be Discrete.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import inspect
@@ -43,9 +51,11 @@ __all__ = [
     "env_ids",
     "get_entry",
     "get_spec",
+    "gym_entry",
     "infer_obs_bound",
     "is_registered",
     "load_env_modules",
+    "near_ids",
     "random_episodes",
     "register_env",
     "space_bounds",
@@ -203,22 +213,73 @@ def env_ids(kind: str | None = "discrete") -> tuple[str, ...]:
 
 
 def is_registered(env_id: str) -> bool:
-    return isinstance(env_id, str) and env_id in _REGISTRY
+    """Whether ``env_id`` is fedqhd's, or a usable one of gymnasium's (its entry is then
+    made)."""
+    if not isinstance(env_id, str):
+        return False
+    try:
+        return gym_entry(env_id) is not None
+    except ValueError:  # gymnasium's, but not one fedqhd can run (get_entry says why)
+        return False
+
+
+def _gym_ids() -> list[str]:
+    return [str(i) for i in gym.registry]
+
+
+def near_ids(env_id: Any, n: int = 3) -> list[str]:
+    """Up to ``n`` ids of fedqhd's registry and gymnasium's closest to ``env_id``."""
+    if not isinstance(env_id, str):
+        return []
+    known = list(dict.fromkeys([*_REGISTRY, *_gym_ids()]))
+    return difflib.get_close_matches(env_id, known, n=n, cutoff=0.75)
+
+
+def did_you_mean(env_id: Any) -> str:
+    """`` (did you mean 'A' or 'B'?)`` for an unknown id, or empty."""
+    near = near_ids(env_id)
+    return f" (did you mean {' or '.join(repr(i) for i in near)}?)" if near else ""
 
 
 def _unknown(env_id: Any) -> ValueError:
     return ValueError(
-        f"unknown env id {env_id!r}; registered ids: {', '.join(env_ids(None))}. Register "
-        "your own with fedqhd.envs.register_env(...) in a module named by run-config key "
-        "'env-module' (CLI: --env-module)")
+        f"unknown env id {env_id!r}{did_you_mean(env_id)}; fedqhd's ids: "
+        f"{', '.join(env_ids(None))}, and any id gymnasium knows. Register your own with "
+        "gymnasium.register(...) or fedqhd.envs.register_env(...) in a module named by "
+        "run-config key 'env-module' (CLI: --env-module)")
+
+
+def gym_entry(env_id: str) -> EnvEntry | None:
+    """The entry of an id that gymnasium knows and fedqhd's registry does not: made now,
+    as ``register_env(env_id)`` would (bounds from a finite Box, else from random
+    rollouts; the spec's time limit), and resolved at once, so that an env fedqhd cannot
+    run (actions not Discrete, no time limit) is refused here, with the reason
+    (``ValueError``), and never listed. ``None`` if gymnasium does not know the id."""
+    if env_id in _REGISTRY:
+        return _REGISTRY[env_id]
+    if not isinstance(env_id, str) or env_id not in gym.registry:
+        return None
+    entry = EnvEntry(env_id=env_id, factory=env_id, obs_bound="auto",
+                     description=f"gymnasium's {env_id}")
+    try:
+        entry.spec = _resolve(entry)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (gymnasium's {env_id!r}: to run it, register a wrapped "
+                         "env with fedqhd.envs.register_env)") from None
+    except Exception as exc:  # noqa: BLE001 (making a third-party env may fail any way)
+        raise ValueError(f"{env_id}: gymnasium could not make it ({type(exc).__name__}: "
+                         f"{exc})") from None
+    _REGISTRY[env_id] = entry
+    return entry
 
 
 def get_entry(env_id: str) -> EnvEntry:
-    """The registry entry of ``env_id`` (``ValueError`` naming the id if unknown)."""
-    try:
-        return _REGISTRY[env_id]
-    except (KeyError, TypeError):
-        raise _unknown(env_id) from None
+    """The registry entry of ``env_id`` (``ValueError`` naming the id and its near matches
+    if neither fedqhd nor gymnasium knows it)."""
+    entry = gym_entry(env_id) if isinstance(env_id, str) else None
+    if entry is None:
+        raise _unknown(env_id)
+    return entry
 
 
 def register_env(
@@ -288,6 +349,14 @@ def register_env(
         factory = env_id
     if not (callable(factory) or isinstance(factory, str)):
         raise ValueError(f"{env_id}: factory must be callable or a gymnasium id, got {factory!r}")
+    if isinstance(factory, str) and ":" not in factory and factory not in gym.registry:
+        # ("module:Id-v0" imports its module in gym.make: checked there)
+        near = [i for i in near_ids(factory) if i in gym.registry]
+        raise ValueError(f"{env_id}: gymnasium knows no env id {factory!r}"
+                         + (f" (did you mean {' or '.join(repr(i) for i in near)}?)"
+                            if near else "")
+                         + "; register it with gymnasium.register(...) first, or pass a "
+                         "factory")
     if obs_bound is None:
         bound: str | np.ndarray = "auto"
     elif isinstance(obs_bound, str):

@@ -21,6 +21,8 @@ from fedqhd.console import CONSOLE, LOG_NAME, RunConsole, summary_line
 from fedqhd.learners import check_run_config, get_learner, parse_run_config
 from fedqhd.seeding import seed_globals
 from fedqhd.server.checkpoint import Checkpoint, CheckpointError, capture_rng, restore_rng
+from fedqhd.server.failures import RoundFailed, RunFailed, fail_fast, quiet_reported, reported
+from fedqhd.server.preflight import preflight
 from fedqhd.server.results import RunRecorder, new_run_dir
 from fedqhd.server.resume import Resume, RoundOffset, open_resume
 from fedqhd.server.window import for_simulation
@@ -29,19 +31,19 @@ from fedqhd.strategies import contract as C
 app = ServerApp()
 
 
-class RunFailed(RuntimeError):
-    """The run ended without a usable federation (``final.status = "failed"``)."""
-
-
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Parse the run config first (importing ``env-module``): a bad key raises
-    :class:`~fedqhd.config.ConfigError` naming it, and Flower marks the run failed."""
+    :class:`~fedqhd.config.ConfigError` naming it, and Flower marks the run failed.
+
+    Every failure is logged here in one line and raised :func:`reported`, so that Flower's
+    traceback of it is dropped (:mod:`fedqhd.server.failures`)."""
+    quiet_reported()
     try:
         cfg = parse_run_config(context.run_config)
     except ConfigError as exc:
         log(ERROR, "fedqhd: invalid run config, the run stops: %s", exc)
-        raise
+        raise reported(exc) from None
     # quiet console from here on (Ray's workers print through this process's streams);
     # run_federation names the run folder, whose run.log gets everything
     with RunConsole(verbose=cfg.verbose, streams=True):
@@ -49,13 +51,15 @@ def main(grid: Grid, context: Context) -> None:
             # Flower's simulation polls every stored message per node: keep few stored at
             # once, and let a node's poll look at its own messages only
             final, out_dir = run_federation(for_simulation(grid), cfg)
-        except CheckpointError as exc:
-            log(ERROR, "fedqhd: cannot resume, the run stops: %s", exc)
-            raise
+        except (CheckpointError, ConfigError) as exc:
+            log(ERROR, "fedqhd: %s, the run stops: %s", "cannot resume" if isinstance(
+                exc, CheckpointError) else "invalid run config", exc)
+            raise reported(exc) from None
     if final.get("status") == "failed":
         # Flower 1.42 logs a ServerApp exception, marks the run "finished:failed" with the
         # message as its details, and exits flwr-serverapp with a non-zero code
-        raise RunFailed(f"fedqhd run failed: {final.get('reason')} (results in {out_dir})")
+        raise reported(RunFailed(f"fedqhd run failed: {final.get('reason')} "
+                                 f"(results in {out_dir})"))
 
 
 def strategy_kwargs(cfg: RunConfig) -> dict[str, Any]:
@@ -98,9 +102,14 @@ def run_federation(grid: Grid, cfg: RunConfig) -> tuple[dict[str, Any], Path]:
 
     ``final["status"]`` is ``"failed"`` (with ``final["reason"]``) when no round
     aggregated a reply or too few replies were accepted (``min-success-fraction``); an
-    exception during the rounds is recorded the same way and raised again.
+    exception during the rounds is recorded the same way and raised again (logged in one
+    line). A round whose every reply failed with the same error ends the run
+    (:class:`~fedqhd.server.failures.RoundFailed`); a simulation's ``data-dir`` is checked
+    before round 1 (:func:`~fedqhd.server.preflight.preflight`, a ``ConfigError``).
     """
     check_run_config(cfg)  # a RunConfig built in code has had only its own checks
+    grid = fail_fast(grid)
+    preflight(grid, cfg)
     seed_globals(cfg.seed)  # Flower samples nodes with Python's random
     resume = open_resume(cfg) if cfg.resume_from else None
     out_dir = resume.run_dir if resume is not None else new_run_dir(cfg.output_dir)
@@ -171,10 +180,13 @@ def _run_rounds(grid: Grid, cfg: RunConfig, resume: Resume | None, out_dir: Path
     except Exception as exc:
         status = run_status(recorder.rounds, cfg)
         status.update(status="failed", reason=f"{type(exc).__name__}: {exc}", **extra)
+        if isinstance(exc, RoundFailed):  # its replies never reached a round's row
+            status["replies"][C.REPLIES_FAILED] += exc.replies
         recorder.finish(C.from_array_record(latest["arrays"]), status)
         log(ERROR, "%s", summary_line(
             learner.log_label, "failed", None, out_dir,
             f"{status['reason']} (after {len(recorder.rounds)} round(s))"))
+        reported(exc)
         raise
     status = run_status(recorder.rounds, cfg)
     report = learner.final_report(cfg, plan, recorder.rounds) or {}
@@ -184,8 +196,9 @@ def _run_rounds(grid: Grid, cfg: RunConfig, resume: Resume | None, out_dir: Path
     except Exception as exc:  # results.json says failed (RunRecorder.finish); so does the log
         log(ERROR, "%s", summary_line(learner.log_label, "failed", None, out_dir,
                                       f"writing its outputs: {type(exc).__name__}: {exc}"))
+        reported(exc)
         raise
-    if final["status"] == "failed":
+    if final["status"] == "failed":  # the last line says so, not a return
         log(ERROR, "%s", summary_line(learner.log_label, "failed", None, out_dir,
                                       final["reason"]))
     else:

@@ -92,11 +92,14 @@ def _final_readout(run: dict[str, Any]) -> np.ndarray:
 def _federated(cfg: RunConfig, n_clients: int) -> dict[str, Any]:
     from fedqhd.client.app import app as client_app
     from fedqhd.server.app import run_federation
+    from fedqhd.server.failures import RunFailed
     from fedqhd.server.inprocess import InProcessGrid
 
     grid = InProcessGrid([client_app] * n_clients, run_config=cfg.to_run_config())
     with console_level(logging.WARNING):  # the bench's progress bar, not each run's rounds
         final, out_dir = run_federation(grid, cfg)
+    if final.get("status") == "failed":  # no return to compare: the bench fails
+        raise RunFailed(f"fedqhd run failed: {final.get('reason')} (results in {out_dir})")
     return {"return-mean": final["return-mean"], "best-return-mean": final["best-return-mean"],
             REFERENCE: final[REFERENCE], "run-dir": str(out_dir)}
 

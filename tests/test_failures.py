@@ -1,0 +1,247 @@
+"""Failures that say so, at once (issue 31): a simulation's empty ``data-dir`` is refused
+before round 1, a round whose every reply failed the same way ends the run with that
+error once, the ``fedqhd`` commands exit 2 on a config error and 1 on a failed run, and
+``fedqhd check`` names a misspelled run-config key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flwr.common.logger import FLOWER_LOGGER
+from messages import reply
+
+from fedqhd.client.app import app as client_app
+from fedqhd.commands.main import main as fedqhd_main
+from fedqhd.config import ConfigError, RunConfig
+from fedqhd.server.app import run_federation
+from fedqhd.server.failures import (
+    FailFastGrid,
+    RoundFailed,
+    error_reason,
+    quiet_reported,
+    reported,
+)
+from fedqhd.server.inprocess import InProcessGrid
+from fedqhd.server.preflight import check_shards
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def errors(self) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno >= logging.ERROR]
+
+
+@pytest.fixture
+def flower_log() -> Iterator[Records]:
+    handler = Records()
+    FLOWER_LOGGER.addHandler(handler)
+    yield handler
+    FLOWER_LOGGER.removeHandler(handler)
+
+
+class CountingGrid(InProcessGrid):
+    """An in-process grid that counts the messages its nodes were sent."""
+
+    sent = 0
+
+    def send_and_receive(self, messages, *, timeout=None):  # type: ignore[no-untyped-def]
+        messages = list(messages)
+        self.sent += len(messages)
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def _cfg(tmp_path: Path, **kw) -> RunConfig:  # type: ignore[no-untyped-def]
+    return RunConfig(num_server_rounds=3, hd_dim=200, eval_episodes=2, min_nodes=1,
+                     output_dir=str(tmp_path / "out"), **kw)
+
+
+# ------------------------------------------------------------------ before round 1
+def test_preflight_refuses_an_empty_data_dir_before_round_1(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cfg = _cfg(tmp_path, data_dir=str(empty))
+    grid = CountingGrid([client_app] * 3, run_config=cfg.to_run_config())
+    with pytest.raises(ConfigError, match=r"'data-dir' = .* holds no shard for any of the 3 "
+                                          r"partitions \(expected shard-0.npz"):
+        run_federation(grid, cfg)
+    assert grid.sent == 0  # not one message: refused before round 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_preflight_names_missing_partitions_and_a_shard_of_another_env(tmp_path: Path) -> None:
+    from fedqhd.data import client_shard, save_shard
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for i in (0, 2):
+        save_shard(client_shard("Acrobot-v1", "iid", i, 3, 1, 0), folder / f"shard-{i}.npz")
+    with pytest.raises(ConfigError, match=r"no shard for partition\(s\) 1 of 3"):
+        check_shards(str(folder), 3, "Acrobot-v1")
+    with pytest.raises(ConfigError, match="shard-0.npz holds data of 'Acrobot-v1', but "
+                                          "'env-id' = 'CartPole-v1'"):
+        check_shards(str(folder), 1, "CartPole-v1")
+    check_shards(str(folder), 1, "Acrobot-v1")  # what is there is fine
+
+
+# ------------------------------------------------------------------ same error, every reply
+def test_a_round_whose_every_reply_failed_the_same_way_ends_the_run_once(
+        tmp_path: Path, flower_log: Records) -> None:
+    """Nodes with their own (empty) data-dir: the server cannot look, round 1 fails on every
+    client with the same error (up to the partition id), and the run ends there."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cfg = _cfg(tmp_path)
+    grid = CountingGrid([client_app] * 3, run_config=cfg.to_run_config(),
+                        node_configs=[{"data-dir": str(empty)}] * 3)
+    with pytest.raises(RoundFailed, match="all 3 replies of a round failed with the same "
+                                          "error: ShardError: .*no shard for partition"):
+        run_federation(grid, cfg)
+    assert grid.sent == 3  # round 1's train messages, nothing after
+    errors = flower_log.errors()
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("fedqhd: failed: RoundFailed") \
+        and "no shard for partition" in errors[0] and "(after 0 round(s))" in errors[0]
+    results = json.loads(next((tmp_path / "out").glob("*/*/results.json")).read_text())
+    assert results["final"]["status"] == "failed"
+    assert "no shard for partition" in results["final"]["reason"]
+
+
+def test_fail_fast_grid_only_when_every_reply_failed_with_one_error() -> None:
+    class Replies(InProcessGrid):
+        def __init__(self, replies) -> None:  # type: ignore[no-untyped-def]
+            self.replies = replies
+
+        def send_and_receive(self, messages, *, timeout=None):  # type: ignore[no-untyped-def]
+            return self.replies
+
+    def errs(*reasons: str) -> list:
+        return [reply(i + 1, error=r) for i, r in enumerate(reasons)]
+
+    ok = reply(9, metrics={"num-examples": 1})
+    two = ["m1", "m2"]
+    # numbers (partition ids, file names) do not make two errors different
+    with pytest.raises(RoundFailed, match="ShardError: shard-0.npz missing"):
+        FailFastGrid(Replies(errs("ShardError: shard-0.npz missing",
+                                  "ShardError: shard-1.npz missing"))).send_and_receive(two)
+    # Flower's own form of a raised exception is read the same way
+    flower = errs("<class 'fedqhd.data.shard.ShardError'>:<'bad 1'>",
+                  "<class 'fedqhd.data.shard.ShardError'>:<'bad 2'>")
+    assert error_reason(flower[0]) == "ShardError: bad 1"
+    with pytest.raises(RoundFailed):
+        FailFastGrid(Replies(flower)).send_and_receive(two)
+    for replies in (errs("ShardError: a", "ValueError: b"), [*errs("ShardError: a"), ok],
+                    errs("ShardError: a"), []):  # different errors, one ok, one of two, none
+        assert list(FailFastGrid(Replies(replies)).send_and_receive(two)) == replies
+
+
+def test_a_client_error_is_one_line_without_a_traceback(tmp_path: Path) -> None:
+    """The ClientApp replies its exception's type and message, on one line."""
+    from fedqhd.server.inprocess import RUN_ID
+    from fedqhd.strategies import contract as C
+
+    cfg = _cfg(tmp_path, data_dir=str(tmp_path / "nowhere"))
+    grid = InProcessGrid([client_app], run_config=cfg.to_run_config())
+    node = next(iter(grid.apps))
+    import numpy as np
+    from flwr.app import Message, RecordDict
+
+    msg = Message(RecordDict({C.ARRAYS: C.to_array_record({C.READOUT: np.zeros((200, 2))})}),
+                  dst_node_id=node, message_type="train")
+    reply = client_app(msg, grid.contexts[node])  # raises nothing
+    assert RUN_ID and reply.has_error()
+    assert reply.error.reason.startswith("ShardError: ") and "\n" not in reply.error.reason
+
+
+def test_flowers_traceback_of_a_reported_failure_is_dropped(flower_log: Records) -> None:
+    quiet_reported()
+    try:
+        raise reported(RoundFailed("ShardError: x", 3))
+    except RoundFailed as exc:
+        FLOWER_LOGGER.error("ServerApp raised an exception", exc_info=exc)
+    FLOWER_LOGGER.error("Exit Code: 700\nAn unhandled exception occurred")
+    try:
+        raise ValueError("a bug")
+    except ValueError as exc:
+        FLOWER_LOGGER.error("ServerApp raised an exception", exc_info=exc)
+    FLOWER_LOGGER.error("Exit Code: 700\nAn unhandled exception occurred")
+    # the reported one and its exit block are gone; a bug keeps its traceback and exit code
+    assert flower_log.errors() == ["ServerApp raised an exception",
+                                   "Exit Code: 700\nAn unhandled exception occurred"]
+
+
+# ------------------------------------------------------------------ exit codes, fedqhd check
+def test_fedqhd_commands_exit_2_on_a_config_error_and_1_on_a_failed_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert fedqhd_main(["bench", "--env", "CartPol-v1", "--only", "avg"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "did you mean 'CartPole-v1'" in err
+    # shards the preflight cannot read the label of: every client fails the same way
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for i in range(2):
+        (bad / f"shard-{i}.npz").write_bytes(b"not a shard")
+    code = fedqhd_main(["bench", "--only", "avg", "--clients", "2", "--rounds", "3",
+                        "--seeds", "0", "--out", str(tmp_path / "bench"), "--set", "hd-dim=100",
+                        "--set", "eval-episodes=1", "--set", f"data-dir='{bad}'"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    last = err.strip().splitlines()[-1]  # (tqdm's progress bar before it)
+    assert last.startswith("fedqhd bench: failed: all 2 replies of a round failed with the "
+                           "same error: ShardError:") and "Traceback" not in err
+
+
+def test_fedqhd_check_names_a_misspelled_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert fedqhd_main(["check", str(ROOT), "--run-config", "num-server-round=3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "'num-server-round'" in err and "did you mean 'num-server-rounds'?" in err
+    assert "[code: 15] Invalid run configuration." in err  # Flower would refuse it
+    # a key fedqhd knows but this app does not list: Flower refuses it, so does check
+    example = ROOT / "examples" / "custom_env"
+    assert fedqhd_main(["check", str(example), "--run-config", "gamma=0.9"]) == 2
+    assert "add it to [tool.flwr.app.config]" in capsys.readouterr().err
+    assert fedqhd_main(["check", str(ROOT), "--run-config", "partition='idd'"]) == 2
+    assert "did you mean 'iid'?" in capsys.readouterr().err
+    assert fedqhd_main(["check", str(ROOT), "--run-config", "num-server-rounds=3"]) == 0
+    assert "run config ok" in capsys.readouterr().out
+
+
+def test_config_errors_elsewhere_say_did_you_mean() -> None:
+    with pytest.raises(ConfigError, match=r"'hd-dims' \(did you mean 'hd-dim'\?\)"):
+        RunConfig.from_run_config({"hd-dims": 100})
+    with pytest.raises(ConfigError, match=r"\(did you mean 'anchor'\?\)"):
+        RunConfig.from_run_config({"strategy": "anchr"})
+
+
+# ------------------------------------------------------------------ under flwr run
+@pytest.mark.slow
+def test_flwr_run_with_an_empty_data_dir_says_so_in_one_line(
+        tmp_path: Path, local_superlink: dict[str, str]) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run_config = f"data-dir='{empty}' num-server-rounds=3 output-dir='{tmp_path / 'out'}'"
+    proc = subprocess.run(
+        [str(BIN / "flwr"), "run", ".", "--stream", "--federation-config",
+         "num-supernodes=3 client-resources-num-cpus=1", "--run-config", run_config],
+        cwd=ROOT, env=local_superlink, capture_output=True, text=True, timeout=300)
+    log = proc.stdout + proc.stderr
+    errors = [line for line in log.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, log
+    assert "'data-dir'" in errors[0] and "holds no shard for any of the 3 partitions" in errors[0]
+    assert "Traceback" not in log and "[ROUND" not in log, log  # stopped before round 1
