@@ -531,3 +531,97 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
         return value
     raise ConfigError(f"run-config key '{key}' = {value!r} has type {type(value).__name__}, "
                       f"expected {kind.__name__}")
+
+
+#: how to regenerate docs/run-config.md (a test compares the committed page with the output)
+RUN_CONFIG_DOC_COMMAND = ('python -c "from fedqhd.config import run_config_markdown as m; '
+                          'print(m(), end=\'\')" > docs/run-config.md')
+
+
+def _doc_value(value: Any) -> str:
+    """A default as it is written in ``pyproject.toml`` or a preset file (TOML)."""
+    if isinstance(value, bool):
+        return "`true`" if value else "`false`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if isinstance(value, tuple):
+        return "`[" + ", ".join(repr(x) for x in value) + "]`"
+    return f"`{value!r}`"
+
+
+def _doc_valid(check: Callable[[Any], str | None]) -> str:
+    """What ``check`` accepts, in its own words: the message it gives a value no key accepts
+    (the registry's env ids are left out: they depend on what a process imported)."""
+    if check is _registered_env:
+        return "a registered env id (a built-in task or one of `env-module`'s)"
+    for probe in (None, "\x00", float("nan"), 10**30):
+        try:
+            problem = check(probe)
+        except (TypeError, ValueError):
+            continue
+        if problem:
+            return problem
+    return "any"
+
+
+def _doc_table(rows: list[dataclasses.Field]) -> list[str]:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+    lines = ["| key | default | valid | meaning |", "|---|---|---|---|"]
+    for f in rows:
+        lines.append(f"| `{_kebab(f.name)}` | {cell(_doc_value(f.default))} | "
+                     f"{cell(_doc_valid(f.metadata['check']))} | "
+                     f"{cell(f.metadata.get('doc', ''))} |")
+    return lines
+
+
+def run_config_markdown() -> str:
+    """docs/run-config.md: every run-config key (:class:`RunConfig`), every preset key
+    (:data:`fedqhd.presets.RUN_KEYS`, :class:`OnlineSettings`, :class:`PoolSettings`) and
+    every node-config key (:class:`fedqhd.node_config.NodeSettings`), with its default, what
+    it accepts and its help text, from their one definition."""
+    from fedqhd.node_config import NodeSettings  # imports the privacy package: only here
+    from fedqhd.presets import RUN_KEYS
+
+    lines = [
+        "<!-- generated from fedqhd/config.py, fedqhd/presets and fedqhd/node_config.py by "
+        "fedqhd.config.run_config_markdown(); do not edit: regenerate with",
+        f"     {RUN_CONFIG_DOC_COMMAND} -->",
+        "# Run configuration",
+        "",
+        "## Run-config keys",
+        "",
+        "Set in `[tool.flwr.app.config]` of the app's `pyproject.toml`, or per run with "
+        "`--run-config \"key=value ...\"` (strings in single quotes). Every key is validated "
+        "when the run starts (`fedqhd.config.RunConfig`); a bad value stops the run with a "
+        "message naming the key and what it accepts.",
+        "",
+        *_doc_table(run_config_fields()),
+        "",
+        "## Preset keys",
+        "",
+        "A preset file (`preset = \"auto\"`: `fedqhd/presets/<env-id>.toml`; or the path of "
+        "your own) may set these run-config keys: "
+        + ", ".join(f"`{k}`" for k in RUN_KEYS) + ". "
+        "Top-level keys apply to both encoders; a `[shared]` or `[heterogeneous]` table "
+        "overrides them for that encoder. A key the preset sets, given in the run config "
+        "with another value, is refused.",
+        "",
+        "### The online learner's settings (`protocol = \"online\"`, `learner = \"fqi\"`)",
+        "",
+        *_doc_table(list(fields(OnlineSettings))),
+        "",
+        "### POOL's settings (`learner = \"pool\"`, `fedqhd/presets/pool.toml`)",
+        "",
+        *_doc_table(list(fields(PoolSettings))),
+        "",
+        "## Node-config keys",
+        "",
+        "A node's own settings, never the run submitter's: `flower-supernode --node-config "
+        "\"key=value ...\"` (or `node_configs` of the in-process grid), besides "
+        "`partition-id`, `num-partitions` and `data-dir` (its data). A bad value fails that "
+        "node's reply with a message naming the key.",
+        "",
+        *_doc_table(list(fields(NodeSettings))),
+    ]
+    return "\n".join(lines) + "\n"
