@@ -5,6 +5,7 @@ Flower's dump, metric dicts and known-harmless warnings go to run.log only, and
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import sys
 import warnings
@@ -165,10 +166,12 @@ def test_inprocess_run_is_quiet_and_verbose_brings_flower_back(
 def test_a_failed_run_says_so_on_the_quiet_console(
         tmp_path: Path, console_out: io.StringIO, caplog: pytest.LogCaptureFixture) -> None:
     broken = ClientApp()
+    reasons = itertools.cycle(["shard-0.npz: env mismatch", "disk full"])
 
     @broken.train()
     def train(msg: Message, context: object) -> Message:
-        raise ValueError("shard-0.npz: env mismatch")
+        # two different errors: the run goes on (one same error would end it at round 1)
+        raise ValueError(next(reasons))
 
     cfg = _cfg(tmp_path)
     with caplog.at_level(logging.INFO, logger="flwr"):
