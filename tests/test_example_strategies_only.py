@@ -131,3 +131,26 @@ def test_example_app_under_flwr_run(tmp_path: Path, monkeypatch) -> None:
     checks = json.loads(result.read_text())
     assert checks["ok"] and checks["nodes"] == 4, checks
     assert checks["avg-error"] < 1e-8 and checks["exact-error"] < 1e-8, checks
+    assert "The SuperLink runs in" not in log, log[-4000:]  # nothing for the warning
+
+
+def test_the_stale_clientapp_warning_names_the_modules_another_folder_shadows(
+        tmp_path: Path, caplog) -> None:
+    from fedqhd.strategies.stale import warn_if_stale_clientapp
+
+    app, other, same = tmp_path / "app", tmp_path / "other_app", tmp_path / "same_app"
+    for folder in (app, other, same):
+        (folder / "pkg").mkdir(parents=True)
+        (folder / "task.py").write_text(f"WHERE = {folder.name!r}\n")
+        (folder / "client_app.py").write_text("from task import WHERE\n")
+    (same / "task.py").write_text((app / "task.py").read_text())
+    (app / "pkg" / "__init__.py").write_text("")
+    with caplog.at_level("WARNING"):
+        assert warn_if_stale_clientapp(app, cwd=other) == ["task"]
+    assert f"The SuperLink runs in {other}" in caplog.text and "(task.py)" in caplog.text
+    # the app's own folder, or one with the same files (where it was started): no warning
+    assert warn_if_stale_clientapp(app, cwd=app) == []
+    assert warn_if_stale_clientapp(app, cwd=same) == []
+    assert warn_if_stale_clientapp(app, cwd=tmp_path / "missing") == []
+    (other / "pkg" / "__init__.py").write_text("")
+    assert warn_if_stale_clientapp(app, cwd=other) == ["pkg", "task"]

@@ -17,6 +17,7 @@ from task import client_data, mse, ridge_fit
 
 from fedqhd.strategies import FedQHDAvg, FedQHDExact
 from fedqhd.strategies import contract as C
+from fedqhd.strategies.stale import warn_if_stale_clientapp
 
 app = ServerApp()
 TOLERANCE = 1e-8
@@ -34,6 +35,7 @@ def final_readout(result: Result, initial: np.ndarray, name: str) -> np.ndarray:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    warn_if_stale_clientapp(Path(__file__).parent)  # a SuperLink started in another app
     cfg = context.run_config
     seed, dim, ridge = int(cfg["seed"]), int(cfg["dim"]), float(cfg["ridge"])
     rounds = int(cfg["num-server-rounds"])
