@@ -198,9 +198,15 @@ def local_superlink(home: Path, extra_env: dict[str, str] | None = None,
     It is stopped, with everything it spawned (simulation process, Ray), by process
     group when the block ends, also on failure. ``private_cache``: generated shards go to
     ``home/cache`` (tests), else to the usual cache (as in-process runs use it).
+
+    It starts in a fresh empty folder (``home/superlink-cwd``), never in the caller's:
+    Ray puts the folder the SuperLink runs in on every ClientApp worker's ``sys.path``,
+    so an app folder there (its ``task.py``) would shadow the modules of every app run
+    later (docs/simulation.md, "A stale ClientApp").
     """
     import httpx
 
+    home = Path(home).resolve()  # FLWR_HOME must not depend on the SuperLink's cwd
     http_port, control_port = free_port(), free_port()
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
                FLWR_HOME=str(home / "flwr-home"),
@@ -210,11 +216,14 @@ def local_superlink(home: Path, extra_env: dict[str, str] | None = None,
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", **(extra_env or {}))
     if private_cache:
         env["FEDQHD_CACHE_DIR"] = str(home / "cache")
+    neutral = home / "superlink-cwd"
+    neutral.mkdir(parents=True, exist_ok=True)
     link = subprocess.Popen(
         [str(BIN / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
          "--control-api-address", f"127.0.0.1:{control_port}", "--host", "127.0.0.1",
          "--port", str(http_port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        env=env, cwd=neutral, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
     try:
         deadline = time.monotonic() + timeout
         while True:
