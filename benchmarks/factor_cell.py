@@ -12,7 +12,11 @@ run`` executes) for FedQHD on one task, setting and seed, with
   bootstrap; the authors' code's default), for ``update = "td"`` clients.
 
 Prints one line per seed: the paper's metric (last-100 training return), the greedy
-return of the final policy and the CPU seconds, and appends it as JSON to ``--out``.
+return of the final policy, the episode at which the last-100 return first reached 0,
+100 and 200 (LunarLander: landings), the value bias of the start states (Q of the
+episodes' start states minus the discounted return they realised, mean of the last
+rounds: a learner's over- or under-estimation) and the CPU seconds, and appends it as
+JSON to ``--out``.
 
     OMP_NUM_THREADS=1 python benchmarks/factor_cell.py --env LunarLander-v3 \
         --setting shared --seeds 42,43,44 --preset my-preset.toml
@@ -76,11 +80,17 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
     finally:
         for p in patches:
             p.stop()
+    def first_episode(level: float) -> int | None:
+        return next((e for e, v in cell["curve"] if v >= level), None)
+
+    late_bias = [b for _, b in cell["value-bias"]][-5:]
     return {"env": env_id, "setting": setting, "seed": seed, "preset": preset,
             "weighting": weighting or "transitions",
             "truncation-terminates": truncation_terminates,
             "train-return-last100": round(cell["train-return-last100"], 1),
             "greedy-return": round(cell["greedy-return"], 1),
+            "episode-reaching": {str(v): first_episode(v) for v in (0, 100, 200)},
+            "value-bias-last-rounds": round(float(np.mean(late_bias)), 2),
             "cpu-s": round(cell["cpu-s"], 1)}
 
 
