@@ -61,7 +61,10 @@ def run_cell(seed: int, clients: int, mode: str, rho: float, noise: str) -> dict
     else:
         keys.update({"strategy": "exact"})
     cfg = RunConfig.from_run_config(keys)
-    node = {"noise": noise if mode == "private" else "none", "rho": 1e6, "rho-budget": 1e6}
+    # a fresh ledger folder per cell: the cells release the same shards, and one ledger
+    # would (rightly) add up their rho
+    node = {"noise": noise if mode == "private" else "none", "rho": 1e6, "rho-budget": 1e6,
+            "ledger-dir": tempfile.mkdtemp()}
     grid = InProcessGrid([client_app] * clients, run_config=cfg.to_run_config(),
                          node_configs=[dict(node) for _ in range(clients)])
     start = time.perf_counter()

@@ -85,7 +85,13 @@ from fedqhd.config import RunConfig
 from fedqhd.data import Shard
 from fedqhd.gram import pack_upper, value_range
 from fedqhd.node_config import NodeSettings
-from fedqhd.privacy import BudgetExceededError, PrivacyLedger, make_noise_source, release_real
+from fedqhd.privacy import (
+    BudgetExceededError,
+    NumpyNoise,
+    PrivacyLedger,
+    make_noise_source,
+    release_real,
+)
 from fedqhd.privacy.store import LedgerStore, data_fingerprint, ledger_dir
 from fedqhd.readout import bellman_targets
 from fedqhd.seeding import pool_noise_seed
@@ -310,11 +316,11 @@ def private_statistics(context: Context, cfg: RunConfig, stats: PrivateStatistic
             out[C.PHI_Y] = stats.rhs(readout)
         return out, {**metrics, C.PRIVATE: 0}
     plan = ReleasePlan.of(cfg, node)
-    meta = dict(context.state[STATE_META]) if STATE_META in context.state else {}  # type: ignore[arg-type]
-    sweeps = int(meta.get("sweeps", 0))  # type: ignore[call-overload]
-    seed = pool_noise_seed(cfg.seed, pid) if node.reproducible_noise else None
-    source = make_noise_source(node.noise, random_state=None if seed is None else
-                               np.random.default_rng([seed, sweeps + (STATE_GRAM in context.state)]))  # type: ignore[arg-type]
+    meta = context.state[STATE_META] if STATE_META in context.state else None
+    sweeps = int(meta["sweeps"]) if isinstance(meta, ConfigRecord) else 0  # type: ignore[arg-type]
+    source = (NumpyNoise(np.random.default_rng(
+                  [pool_noise_seed(cfg.seed, pid), sweeps, int(STATE_GRAM in context.state)]))
+              if node.reproducible_noise else make_noise_source(node.noise))
     sigma = 0.0
     with LedgerStore(ledger_dir(context.node_config)).open(
             stats.fingerprint, node.rho_budget, cfg.privacy_delta,
