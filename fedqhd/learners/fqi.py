@@ -48,6 +48,13 @@ from fedqhd.learners.base import (
     reply_counts_text,
 )
 from fedqhd.learners.cache import BoundedCache
+from fedqhd.learners.fqi_private import (
+    FEATURE_NORM,
+    PrivateStatistics,
+    private_statistics,
+    public_value_range,
+    sigma_of,
+)
 from fedqhd.memory import GIB, FitMemoryError, available_memory, fit_memory, format_bytes
 from fedqhd.node_config import NodeSettings
 from fedqhd.readout import (
@@ -58,8 +65,9 @@ from fedqhd.readout import (
     distinct_state_count,
 )
 from fedqhd.seeding import SERVER, anchor_seed, evaluation_seed
-from fedqhd.strategies import FedQHDAnchor, FedQHDAvg, FedQHDExact
+from fedqhd.strategies import FedQHDAnchor, FedQHDAvg, FedQHDExact, PrivacyScreen
 from fedqhd.strategies import contract as C
+from fedqhd.strategies.private_exact import FedQHDPrivateExact
 
 STATE_ADMM = "fedqhd-admm"  #: context.state ArrayRecord: the ADMM client's last reply
 #: bytes a learner's in-memory features (one row per distinct state) may take before it fits
@@ -462,6 +470,60 @@ def anchor_plan(cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
                       run_info={"anchors-shape": list(anchors.shape)})
 
 
+# ------------------------------------------------------------ private FedQHD (zcdp)
+_PRIVATE_STATS: BoundedCache[PrivateStatistics] = BoundedCache(256 << 20)
+
+
+def private_reply(context: Context, cfg: RunConfig, arrays: Arrays
+                  ) -> tuple[Arrays | None, Metrics]:
+    """A private run's reply (:mod:`fedqhd.learners.fqi_private`): the node's noisy
+    statistics; its clipped statistics are cached in this process, its releases live in
+    ``context.state`` and its ledger on disk."""
+    pid, n_parts = partition(context)
+    data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
+    node = NodeSettings.of(context.node_config)
+    key = ("private", context.run_id, pid, n_parts, data_dir, cfg, node)
+
+    def build() -> PrivateStatistics:
+        shard = client_shard(cfg.env_id, cfg.partition, pid, n_parts, cfg.episodes_per_client,
+                             cfg.seed, data_dir=data_dir or None,
+                             epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max,
+                             limits=ShardLimits(node.value_check, node.max_shard_transitions,
+                                                node.max_compression_ratio))
+        spec = get_spec(cfg.env_id)
+        return PrivateStatistics(shard, shared_encoder(cfg).encode, spec.n_actions, cfg.gamma,
+                                 public_reward_range(cfg), cfg.privacy_clip_length)
+
+    stats = _PRIVATE_STATS.get(key, build, (context.run_id, cfg))
+    return private_statistics(context, cfg, stats, arrays, pid)
+
+
+def public_reward_range(cfg: RunConfig) -> tuple[float, float]:
+    """The env's registered reward range (public), which private targets are clipped to."""
+    reward_range = get_spec(cfg.env_id).reward_range
+    if reward_range is None:
+        raise ValueError(f"privacy = 'zcdp' needs {cfg.env_id!r} registered with a reward "
+                         "range: private targets must lie in a public range")
+    return reward_range
+
+
+def private_plan(cfg: RunConfig, initial: ArrayRecord,
+                 evaluate: Callable[[ArrayRecord], MetricRecord], shape: list[int],
+                 **strategy_kwargs: Any) -> ServerPlan:
+    """FedQHDPrivateExact behind a PrivacyScreen (replies must declare ``private = 1``
+    unless the run is marked non-private); the Gram noise of the run's request sets the
+    automatic noise ridge."""
+    share_rho = cfg.privacy_gram_share * cfg.privacy_rho
+    gram_sigma = sigma_of(cfg.privacy_clip_length * FEATURE_NORM ** 2, share_rho)
+    value_range = public_value_range(public_reward_range(cfg), cfg.gamma)
+    strategy = FedQHDPrivateExact(cfg.hd_dim, shape[1], cfg.gamma, cfg.ridge, value_range,
+                                  gram_sigma, None if cfg.privacy_ridge < 0 else cfg.privacy_ridge,
+                                  fraction_evaluate=0.0, **strategy_kwargs)
+    info = {"readout-shape": shape, "privacy": "zcdp", "privacy-rho": cfg.privacy_rho,
+            "value-range": list(value_range), "gram-sigma": gram_sigma}
+    return ServerPlan(PrivacyScreen(strategy, cfg.non_private), initial, evaluate, info)
+
+
 # ------------------------------------------------------------------ registry entry
 class FQI:
     """Registry entry ``fqi``."""
@@ -501,6 +563,8 @@ class FQI:
         initial = C.to_array_record({C.READOUT: np.zeros(shape)})
         # the server evaluates a global readout itself: no federated evaluation rounds
         readout_kwargs = {k: v for k, v in strategy_kwargs.items() if k != "min_evaluate_nodes"}
+        if cfg.privacy == "zcdp":
+            return private_plan(cfg, initial, evaluate, shape, **readout_kwargs)
         if cfg.resolved_strategy == "exact":
             exact = FedQHDExact(cfg.hd_dim, spec.n_actions, cfg.gamma, cfg.ridge,
                                 max_feature_sq_norm=MAX_FEATURE_SQ_NORM,
@@ -521,7 +585,11 @@ class FQI:
 
     def final_report(self, cfg: RunConfig, plan: ServerPlan, rows: list[dict[str, Any]]
                      ) -> dict[str, Any] | None:
-        return reference_report(cfg)
+        report = reference_report(cfg)
+        if isinstance(plan.strategy, PrivacyScreen):
+            report["privacy-ledgers"] = {str(pid): entry for pid, entry
+                                         in sorted(plan.strategy.ledgers.items())}
+        return report
 
     def final_line(self, final: dict[str, Any]) -> str:
         return greedy_final_line(final)
@@ -530,6 +598,8 @@ class FQI:
               ) -> tuple[Arrays | None, Metrics]:
         """Adopt the global Q-function, run local FQI sweeps pulled toward it, reply (admm:
         one consensus step, its dual kept in ``context.state``)."""
+        if cfg.privacy == "zcdp" and C.STATS_REQUEST in arrays:
+            return private_reply(context, cfg, arrays)
         learner, shard = node_learner(context, cfg)
         metrics: Metrics = {C.NUM_TRANSITIONS: learner.n_transitions}
         if NodeSettings.of(context.node_config).value_check == "warn":

@@ -4,7 +4,8 @@
   (seeded, reproducible, **not secure**) and :class:`OpenDPNoise` (OpenDP's
   discrete Gaussian on integers, cryptographically secure sampling).
 * :mod:`.mechanisms` -- the Gaussian mechanism calibrated for rho-zCDP from an
-  L2 sensitivity, and :func:`release_counts` for families of visit counts.
+  L2 sensitivity, and :func:`release_counts` for families of visit counts, :func:`release_real`
+  for real-valued statistics (private FedQHD's Grams and phi-y).
 * :mod:`.ledger` -- a per-client :class:`PrivacyLedger`: composed rho,
   (epsilon, delta) by the CKS conversion and by the exact analytic Gaussian,
   refusal of releases beyond the budget, JSON round trip.
@@ -26,6 +27,7 @@ from fedqhd.privacy.mechanisms import (
     GaussianMechanism,
     gaussian_sigma,
     release_counts,
+    release_real,
 )
 from fedqhd.privacy.noise import (
     NOISE_KINDS,
@@ -50,4 +52,5 @@ __all__ = [
     "gaussian_sigma",
     "make_noise_source",
     "release_counts",
+    "release_real",
 ]

@@ -95,3 +95,32 @@ def release_counts(
         noisy = mech.release(counts, source, ledger, label=name)
         out[name] = np.maximum(noisy, 0.0) if clip_at_zero else noisy
     return CountRelease(out, mech.sigma)
+
+
+def release_real(values: np.ndarray, sensitivity_l2: float, rho: float, source: NoiseSource,
+                 ledger: PrivacyLedger | None = None, label: str = "gaussian") -> np.ndarray:
+    """Release real-valued ``values`` (L2 sensitivity ``sensitivity_l2``) under rho-zCDP.
+
+    The noise scale is ``sigma = Delta / sqrt(2 rho)``. The ledger is charged first (a
+    release beyond the budget is refused before any noise is drawn). A source without a
+    real-valued sampler is refused: :class:`OpenDPNoise`'s integer sampler would need the
+    values rounded, which changes the sensitivity. With OpenDP, its own privacy map of the
+    measurement is checked to give at most ``rho`` at ``Delta`` before the release.
+    """
+    add = getattr(source, "add_real_noise", None)
+    if add is None:
+        raise TypeError(f"noise source {source.label!r} has no real-valued sampler")
+    sigma = gaussian_sigma(sensitivity_l2, rho)
+    measurement = getattr(source, "real_measurement", None)
+    if measurement is not None and sensitivity_l2 > 0:
+        certified = float(measurement(sigma).map(float(sensitivity_l2)))
+        if certified > rho * (1 + 1e-9):
+            raise RuntimeError(f"OpenDP certifies rho {certified:g} for this release, above the "
+                               f"{rho:g} charged")
+    real_label = str(getattr(source, "real_label", source.label))
+    if ledger is not None:
+        ledger.spend(rho, label=label, mechanism="gaussian", sigma=sigma,
+                     sensitivity=float(sensitivity_l2), noise=real_label,
+                     secure=bool(source.secure), reproducible=bool(source.reproducible))
+    out: np.ndarray = add(values, sigma)
+    return out

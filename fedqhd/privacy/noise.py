@@ -13,7 +13,7 @@ a node asks for it (node config ``reproducible-noise = true``).
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -67,6 +67,13 @@ class NumpyNoise:
             return values.copy()
         return values + self.rng.normal(0.0, sigma, size=values.shape)
 
+    #: real values take the same continuous Gaussian
+    add_real_noise = add_noise
+
+    @property
+    def real_label(self) -> str:
+        return self.label
+
 
 class OpenDPNoise:
     """OpenDP's discrete Gaussian on integer values (secure sampling).
@@ -101,6 +108,27 @@ class OpenDPNoise:
         )
         flat = [int(v) for v in values.ravel()]
         return np.asarray(meas(flat), dtype=float).reshape(values.shape)
+
+    def add_real_noise(self, values: np.ndarray, sigma: float) -> np.ndarray:
+        """Real-valued ``values`` plus OpenDP's Gaussian for floats: a discrete Gaussian on
+        the finest float lattice, sampled securely, whose OpenDP privacy map is exactly
+        ``Delta^2 / (2 sigma^2)`` (checked by :func:`~fedqhd.privacy.release_real`)."""
+        values = np.asarray(values, dtype=float)
+        if sigma == 0:
+            return values.copy()
+        meas = self.real_measurement(sigma)
+        return np.asarray(meas([float(v) for v in values.ravel()]),
+                          dtype=float).reshape(values.shape)
+
+    def real_measurement(self, sigma: float) -> Any:
+        """OpenDP's Gaussian measurement on float vectors (L2 metric) at scale ``sigma``."""
+        dp = self._dp
+        return dp.m.make_gaussian(dp.vector_domain(dp.atom_domain(T=float, nan=False)),
+                                  dp.l2_distance(T=float), scale=float(sigma))
+
+    #: what a ledger entry of a real-valued release names as its sampler (a discrete
+    #: Gaussian, so the ledger converts with OpenDP's map)
+    real_label = "opendp-discrete-gaussian (float lattice)"
 
 
 #: noise kinds a client may be configured with: two sources, or none (non-private baseline)

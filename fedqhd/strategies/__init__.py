@@ -7,7 +7,8 @@ Import them into any Flower ServerApp::
 and the FedQHD paper's baselines ``FedQHDIndependent`` (no aggregation),
 ``FedQHDTruncate`` (truncate-and-average of readouts of different shapes) and
 ``FedQHDPooled`` (the pooled-data oracle of the online protocol, from sufficient
-statistics).
+statistics); ``FedQHDPrivateExact`` solves pooled FQI from noisy statistics (private
+FedQHD).
 
 The message contract (record names, array keys, metric keys) is in
 :mod:`fedqhd.strategies.contract` and in the README.
@@ -20,7 +21,8 @@ from .exact import FedQHDExact
 from .independent import FedQHDIndependent
 from .pooled import FedQHDPooled
 from .private import PrivacyScreen
+from .private_exact import FedQHDPrivateExact
 from .truncate import FedQHDTruncate
 
 __all__ = ["FedQHDAnchor", "FedQHDAvg", "FedQHDExact", "FedQHDIndependent", "FedQHDPooled",
-           "FedQHDTruncate", "PrivacyScreen", "contract"]
+           "FedQHDPrivateExact", "FedQHDTruncate", "PrivacyScreen", "contract"]

@@ -243,11 +243,15 @@ class FedQHDExact(FunctionSpaceStrategy):
         if not self._want_rhs:  # a statistics-only round: the readout stays
             return C.to_array_record({C.READOUT: self._readout}), metrics_out
         if self._systems is None:
-            self._systems = GramSystems(self._grams, self.ridge, self.proximal)
+            self._systems = self._make_systems()
         rhs_total = sum((self._rhs[node] for node in in_system if node in self._rhs),
                         np.zeros((self.dim, self.n_actions)))
         readout = self._systems.solve(rhs_total, self._prior)
         return C.to_array_record({C.READOUT: readout}), metrics_out
+
+    def _make_systems(self) -> GramSystems:
+        """The factored per-action systems of the summed Grams."""
+        return GramSystems(self._grams, self.ridge, self.proximal)
 
     def _refuse(self, screened: ScreenedReplies, node: int, metrics: Any,
                 reason: str | None) -> None:

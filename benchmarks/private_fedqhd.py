@@ -1,0 +1,122 @@
+"""Private FedQHD: greedy return against epsilon (delta 1e-5) on CartPole offline shards.
+
+Each cell is one in-process federation (the real ServerApp logic and ClientApps,
+:class:`~fedqhd.server.inprocess.InProcessGrid`) of ``--clients`` clients with
+``privacy = "zcdp"`` at the rho whose epsilon (delta 1e-5, by the conversion valid for the
+node's sampler: OpenDP's map for ``opendp``, the exact Gaussian for ``numpy``) is the
+column's epsilon; ``non-private`` is the same run with the nodes' noise off (clipped,
+exact statistics, a run marked non-private) and ``exact`` is plain FedQHDExact (no
+clipping, no noise). Ledgers go to a temporary folder (no real budget is spent).
+
+    python benchmarks/private_fedqhd.py --epsilons 1,2,4,8,16 --seeds 0,1,2,3,4
+
+prints a Markdown table (mean (standard error) over the seeds, and each seed) and the
+reported epsilon of every private run beside the requested one; ``--out FILE.json``
+keeps every cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from fedqhd.privacy.ledger import epsilon_exact, epsilon_opendp
+
+#: the measured setting (run-config keys); see BENCHMARKS.md
+SETTING: dict[str, Any] = {"env-id": "CartPole-v1", "hd-dim": 100, "episodes-per-client": 500,
+                           "gamma": 0.95, "num-server-rounds": 10, "privacy-clip-length": 30,
+                           "privacy-gram-share": 0.2, "eval-episodes": 20}
+
+
+def rho_for_epsilon(epsilon: float, delta: float, noise: str) -> float:
+    """The largest rho whose epsilon(delta) is at most ``epsilon`` (bisection, log scale)."""
+    convert = epsilon_opendp if noise == "opendp" else epsilon_exact
+    lo, hi = 1e-8, 1e3
+    for _ in range(80):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if convert(mid, delta) > epsilon else (mid, hi)
+    return lo
+
+
+def run_cell(seed: int, clients: int, mode: str, rho: float, noise: str) -> dict[str, Any]:
+    """One federation: ``mode`` is private, non-private (clipped, no noise) or exact."""
+    from fedqhd.client.app import app as client_app
+    from fedqhd.config import RunConfig
+    from fedqhd.server.app import run_federation
+    from fedqhd.server.inprocess import InProcessGrid
+
+    keys: dict[str, Any] = {**SETTING, "seed": seed, "output-dir": tempfile.mkdtemp()}
+    if mode != "exact":
+        keys.update({"privacy": "zcdp", "privacy-rho": rho, "non-private": mode != "private"})
+        if mode != "private":  # no noise: no noise ridge
+            keys["privacy-ridge"] = 0.0
+    else:
+        keys.update({"strategy": "exact"})
+    cfg = RunConfig.from_run_config(keys)
+    # a fresh ledger folder per cell: the cells release the same shards, and one ledger
+    # would (rightly) add up their rho
+    node = {"noise": noise if mode == "private" else "none", "rho": 1e6, "rho-budget": 1e6,
+            "ledger-dir": tempfile.mkdtemp()}
+    grid = InProcessGrid([client_app] * clients, run_config=cfg.to_run_config(),
+                         node_configs=[dict(node) for _ in range(clients)])
+    start = time.perf_counter()
+    final, _ = run_federation(grid, cfg)
+    ledgers = final.get("privacy-ledgers", {})
+    eps = [entry.get("epsilon") for entry in ledgers.values()] if mode == "private" else []
+    return {"seed": seed, "mode": mode, "rho": rho, "return": final.get("return-mean"),
+            "random": final.get("reference", {}).get("random-mean"),
+            "epsilon-reported": max(e for e in eps if e is not None) if eps else None,
+            "seconds": time.perf_counter() - start}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epsilons", default="1,2,4,8,16")
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--clients", type=int, default=5)
+    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--noise", choices=("opendp", "numpy"), default="opendp")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    os.environ["FEDQHD_LEDGER_DIR"] = tempfile.mkdtemp()  # studies spend no real budget
+    seeds = [int(s) for s in args.seeds.split(",")]
+    columns: list[tuple[str, float, float | None]] = [("exact", 0.0, None),
+                                                      ("non-private", 1.0, None)]
+    for eps in (float(e) for e in args.epsilons.split(",")):
+        columns.append(("private", rho_for_epsilon(eps, args.delta, args.noise), eps))
+    cells: list[dict[str, Any]] = []
+    rows = []
+    for mode, rho, eps in columns:
+        got = [run_cell(seed, args.clients, mode, rho, args.noise) for seed in seeds]
+        for cell in got:
+            cell["epsilon"] = eps
+        cells.extend(got)
+        returns = np.array([c["return"] for c in got], dtype=float)
+        se = returns.std(ddof=1) / math.sqrt(len(returns)) if len(returns) > 1 else 0.0
+        label = mode if eps is None else f"private, eps {eps:g} (rho {rho:.4g})"
+        reported = [c["epsilon-reported"] for c in got if c["epsilon-reported"] is not None]
+        rep = f"{max(reported):.4g}" if reported else "-"
+        rows.append(f"| {label} | {returns.mean():.1f} ({se:.1f}) | "
+                    f"{', '.join(f'{r:.0f}' for r in returns)} | {rep} |")
+        print(rows[-1], flush=True)
+    print(f"\nuniform random: {np.mean([c['random'] for c in cells]):.1f}; noise {args.noise}; "
+          f"{args.clients} clients; setting {json.dumps(SETTING)}")
+    print("| run | return, mean (SE) | per seed | reported epsilon (max over clients) |")
+    print("|---|---:|---|---:|")
+    print("\n".join(rows))
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(cells, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
