@@ -186,7 +186,7 @@ _CLIENT_KEYS = {"gamma": "gamma", "ridge": "ridge", "proximal": "proximal",
 
 
 def test_a_tasks_heterogeneous_overrides_reach_only_heterogeneous_clients():
-    """A preset's ``[heterogeneous]`` table (Acrobot's proximal and anchors, LunarLander's
+    """A preset's ``[heterogeneous]`` table (Acrobot's anchors, LunarLander's
     kernel width and TD step, CartPole's episodes per round) changes the heterogeneous clients
     of the app and leaves the shared ones at the top-level values."""
     tasks = [e for e in TASKS if load_preset(builtin_preset(e)).get("heterogeneous")]
@@ -271,12 +271,10 @@ def _federate(tmp_path, n_clients: int = 2, base: dict | None = None, **keys
 
 def test_a_tasks_act_local_key_makes_the_apps_clients_collect_with_their_own_fit(
         tmp_path, monkeypatch):
-    """Acrobot's preset sets ``act-local`` (readout averaging: each client collects with its
-    own last fit); other tasks act with the global readout. In the app, round 2 of a client
-    collects with its own round-1 fit under online-act-local, and with the average of the
-    round-1 fits (the global readout, the same for every client) without."""
-    assert RunConfig.from_run_config({"protocol": "online",
-                                      "env-id": "Acrobot-v1"}).online.act_local is True
+    """A preset's ``act-local`` (readout averaging: each client collects with its own last
+    fit). In the app, round 2 of a client collects with its own round-1 fit under
+    online-act-local, and with the average of the round-1 fits (the global readout, the
+    same for every client) without."""
     assert RunConfig.from_run_config({"protocol": "online",
                                       "env-id": "CartPole-v1"}).online.act_local is False
     acted, _, fitted = spy_clients(monkeypatch)

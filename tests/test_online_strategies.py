@@ -364,8 +364,8 @@ def test_pooled_needs_one_shared_encoder_and_every_client():
         RunConfig.from_run_config({**base, "preset": "manual", "hd-dim": 4000})
     with pytest.raises(ConfigError, match="'strategy' = 'pooled'.*'protocol' = 'online'"):
         RunConfig.from_run_config({"strategy": "pooled"})
-    cfg = RunConfig.from_run_config({**base, "env-id": "Acrobot-v1"})  # the table's D 1000
-    assert cfg.resolved_strategy == "pooled" and cfg.hd_dim == 1000
+    cfg = RunConfig.from_run_config({**base, "env-id": "MountainCar-v0"})  # the table's D 500
+    assert cfg.resolved_strategy == "pooled" and cfg.hd_dim == 500
 
 
 def test_a_pooled_sweep_reaches_only_a_pooled_client():
