@@ -2,11 +2,13 @@
 
 Each cell is one in-process federation (the real ServerApp logic and ClientApps,
 :class:`~fedqhd.server.inprocess.InProcessGrid`) of ``--clients`` clients with
-``privacy = "zcdp"`` (one noisy sample-and-aggregate readout per client) at the rho whose epsilon (delta 1e-5, by the conversion valid for the
-node's sampler: OpenDP's map for ``opendp``, the exact Gaussian for ``numpy``) is the
-column's epsilon; ``non-private`` is the same run with the nodes' noise off (clipped,
-exact statistics, a run marked non-private) and ``exact`` is plain FedQHDExact (no
-clipping, no noise); ``fedqhd-avg`` is plain FedQHDAvg with the same rounds and sweeps. Ledgers go to a temporary folder (no real budget is spent).
+``privacy = "zcdp"`` (one noisy sample-and-aggregate readout per client) at the rho whose
+epsilon (delta 1e-5, by the conversion valid for the node's sampler: OpenDP's map for
+``opendp``, the exact Gaussian for ``numpy``) is the column's epsilon; ``non-private`` is
+the same run with the nodes' noise off (the clipped chunked readouts, a run marked
+non-private) and ``exact`` is plain FedQHDExact (pooled ridge FQI from exact statistics,
+10 sweeps, ridge 0.1: the first slice's non-private reference). Ledgers go to a
+temporary folder (no real budget is spent). ``--set key=value,...`` overrides the setting.
 
     python benchmarks/private_fedqhd.py --epsilons 1,2,4,8,16 --seeds 0,1,2,3,4
 
