@@ -245,7 +245,8 @@ def private_readout(context: Context, cfg: RunConfig, model: PrivateReadout, pid
             model.fingerprint, node.rho_budget, cfg.privacy_delta,
             f"partition-{pid}") as ledger:
         if STATE_RELEASE not in context.state:
-            ledger.check(rho)  # before any noise is drawn
+            # release_real charges the ledger (refusing beyond the budget) before any
+            # noise is drawn
             noisy = release_readout(model, rho, source, ledger)
             context.state[STATE_RELEASE] = C.to_array_record({C.READOUT: noisy})
         record = context.state[STATE_RELEASE]
