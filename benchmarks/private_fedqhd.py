@@ -35,7 +35,7 @@ from fedqhd.privacy.ledger import epsilon_exact, epsilon_opendp
 #: the measured setting (run-config keys); see BENCHMARKS.md
 SETTING: dict[str, Any] = {"env-id": "CartPole-v1", "hd-dim": 100, "episodes-per-client": 500,
                            "gamma": 0.95, "num-server-rounds": 1, "local-iterations": 30,
-                           "ridge": 1.0, "privacy-chunks": 50, "privacy-clip-norm": 5.0,
+                           "ridge": 0.3, "privacy-chunks": 50, "privacy-clip-norm": 6.0,
                            "eval-episodes": 20}
 #: the non-private reference (the first slice's FedQHDExact setting)
 EXACT: dict[str, Any] = {"strategy": "exact", "num-server-rounds": 10, "ridge": 0.1,
