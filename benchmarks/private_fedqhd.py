@@ -103,8 +103,8 @@ def main() -> None:
         extra[key] = float(value) if "." in value or "e" in value else int(value)
     columns: list[tuple[str, float, float | None]] = (
         [] if args.no_reference else [("exact", 0.0, None), ("non-private", 1.0, None)])
-    for eps in (float(e) for e in args.epsilons.split(",")):
-        columns.append(("private", rho_for_epsilon(eps, args.delta, args.noise), eps))
+    for target in (float(e) for e in args.epsilons.split(",")):
+        columns.append(("private", rho_for_epsilon(target, args.delta, args.noise), target))
     cells: list[dict[str, Any]] = []
     rows = []
     for mode, rho, eps in columns:
