@@ -2,11 +2,13 @@
 
 Each cell is one in-process federation (the real ServerApp logic and ClientApps,
 :class:`~fedqhd.server.inprocess.InProcessGrid`) of ``--clients`` clients with
-``privacy = "zcdp"`` at the rho whose epsilon (delta 1e-5, by the conversion valid for the
-node's sampler: OpenDP's map for ``opendp``, the exact Gaussian for ``numpy``) is the
-column's epsilon; ``non-private`` is the same run with the nodes' noise off (clipped,
-exact statistics, a run marked non-private) and ``exact`` is plain FedQHDExact (no
-clipping, no noise). Ledgers go to a temporary folder (no real budget is spent).
+``privacy = "zcdp"`` (one noisy sample-and-aggregate readout per client) at the rho whose
+epsilon (delta 1e-5, by the conversion valid for the node's sampler: OpenDP's map for
+``opendp``, the exact Gaussian for ``numpy``) is the column's epsilon; ``non-private`` is
+the same run with the nodes' noise off (the clipped chunked readouts, a run marked
+non-private) and ``exact`` is plain FedQHDExact (pooled ridge FQI from exact statistics,
+10 sweeps, ridge 0.1: the first slice's non-private reference). Ledgers go to a
+temporary folder (no real budget is spent). ``--set key=value,...`` overrides the setting.
 
     python benchmarks/private_fedqhd.py --epsilons 1,2,4,8,16 --seeds 0,1,2,3,4
 
@@ -32,8 +34,12 @@ from fedqhd.privacy.ledger import epsilon_exact, epsilon_opendp
 
 #: the measured setting (run-config keys); see BENCHMARKS.md
 SETTING: dict[str, Any] = {"env-id": "CartPole-v1", "hd-dim": 100, "episodes-per-client": 500,
-                           "gamma": 0.95, "num-server-rounds": 10, "privacy-clip-length": 30,
-                           "privacy-gram-share": 0.2, "eval-episodes": 20}
+                           "gamma": 0.95, "num-server-rounds": 1, "local-iterations": 30,
+                           "ridge": 0.3, "privacy-chunks": 50, "privacy-clip-norm": 6.0,
+                           "eval-episodes": 20}
+#: the non-private reference (the first slice's FedQHDExact setting)
+EXACT: dict[str, Any] = {"strategy": "exact", "num-server-rounds": 10, "ridge": 0.1,
+                         "local-iterations": 3}
 
 
 def rho_for_epsilon(epsilon: float, delta: float, noise: str) -> float:
@@ -46,20 +52,20 @@ def rho_for_epsilon(epsilon: float, delta: float, noise: str) -> float:
     return lo
 
 
-def run_cell(seed: int, clients: int, mode: str, rho: float, noise: str) -> dict[str, Any]:
+def run_cell(seed: int, clients: int, mode: str, rho: float, noise: str,
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """One federation: ``mode`` is private, non-private (clipped, no noise) or exact."""
     from fedqhd.client.app import app as client_app
     from fedqhd.config import RunConfig
     from fedqhd.server.app import run_federation
     from fedqhd.server.inprocess import InProcessGrid
 
-    keys: dict[str, Any] = {**SETTING, "seed": seed, "output-dir": tempfile.mkdtemp()}
+    keys: dict[str, Any] = {**SETTING, **(extra or {}), "seed": seed,
+                            "output-dir": tempfile.mkdtemp()}
     if mode != "exact":
         keys.update({"privacy": "zcdp", "privacy-rho": rho, "non-private": mode != "private"})
-        if mode != "private":  # no noise: no noise ridge
-            keys["privacy-ridge"] = 0.0
     else:
-        keys.update({"strategy": "exact"})
+        keys.update(EXACT)
     cfg = RunConfig.from_run_config(keys)
     # a fresh ledger folder per cell: the cells release the same shards, and one ledger
     # would (rightly) add up their rho
@@ -85,18 +91,24 @@ def main() -> None:
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--noise", choices=("opendp", "numpy"), default="opendp")
     parser.add_argument("--out", default="")
+    parser.add_argument("--set", default="", help="run-config overrides, key=value,...")
+    parser.add_argument("--no-reference", action="store_true", help="private columns only")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
     os.environ["FEDQHD_LEDGER_DIR"] = tempfile.mkdtemp()  # studies spend no real budget
     seeds = [int(s) for s in args.seeds.split(",")]
-    columns: list[tuple[str, float, float | None]] = [("exact", 0.0, None),
-                                                      ("non-private", 1.0, None)]
-    for eps in (float(e) for e in args.epsilons.split(",")):
-        columns.append(("private", rho_for_epsilon(eps, args.delta, args.noise), eps))
+    extra: dict[str, Any] = {}
+    for item in filter(None, args.set.split(",")):
+        key, value = item.split("=")
+        extra[key] = float(value) if "." in value or "e" in value else int(value)
+    columns: list[tuple[str, float, float | None]] = (
+        [] if args.no_reference else [("exact", 0.0, None), ("non-private", 1.0, None)])
+    for target in (float(e) for e in args.epsilons.split(",")):
+        columns.append(("private", rho_for_epsilon(target, args.delta, args.noise), target))
     cells: list[dict[str, Any]] = []
     rows = []
     for mode, rho, eps in columns:
-        got = [run_cell(seed, args.clients, mode, rho, args.noise) for seed in seeds]
+        got = [run_cell(seed, args.clients, mode, rho, args.noise, extra) for seed in seeds]
         for cell in got:
             cell["epsilon"] = eps
         cells.extend(got)
@@ -109,7 +121,7 @@ def main() -> None:
                     f"{', '.join(f'{r:.0f}' for r in returns)} | {rep} |")
         print(rows[-1], flush=True)
     print(f"\nuniform random: {np.mean([c['random'] for c in cells]):.1f}; noise {args.noise}; "
-          f"{args.clients} clients; setting {json.dumps(SETTING)}")
+          f"{args.clients} clients; setting {json.dumps({**SETTING, **extra})}")
     print("| run | return, mean (SE) | per seed | reported epsilon (max over clients) |")
     print("|---|---:|---|---:|")
     print("\n".join(rows))

@@ -54,7 +54,7 @@ FEATURE_DTYPES: tuple[str, ...] = ("float64", "float32")
 #: the local learners, run-config ``learner``; the registry (:mod:`fedqhd.learners`) holds
 #: one entry per name (a test keeps the two in step) and checks each learner's own keys
 LEARNERS: tuple[str, ...] = ("fqi", "pool", "dqn")
-#: run-config ``privacy``: none, or zcdp (private FedQHD: noisy sufficient statistics)
+#: run-config ``privacy``: none, or zcdp (private FedQHD: one noisy readout per client)
 PRIVACY_MODES: tuple[str, ...] = ("none", "zcdp")
 #: where the data come from: fixed private shards, or episodes collected every round
 PROTOCOLS: tuple[str, ...] = ("offline", "online")
@@ -251,26 +251,21 @@ class RunConfig:
         "config noise = none) accepted; it switches no node's noise off"))
     # ---- private FedQHD (learner = "fqi", offline, shared encoder, strategy exact) ----
     privacy: str = field(default="none", metadata=_key(_choice(PRIVACY_MODES), (
-        "none, or zcdp: private FedQHD, each client's noisy Grams and phi-y under rho-zCDP "
-        "per trajectory (strategy exact; the budget and the noise are the node's)")))
+        "none, or zcdp: private FedQHD, each client's one noisy readout (sample-and-aggregate "
+        "over episode chunks, advantage readouts clipped) under rho-zCDP per trajectory "
+        "(strategy avg; the budget and the noise are the node's)")))
     privacy_rho: float = field(default=1.0, metadata=_key(
-        _float_range(0.0, 1e6, lo_open=True), "privacy = zcdp: zCDP rho one client's run "
-        "spends in all (the Gram once, phi-y every round); each release at most the node "
-        "config's 'rho'"))
-    privacy_gram_share: float = field(default=0.5, metadata=_key(
-        _float_range(0.0, 1.0, lo_open=True, hi_open=True),
-        "privacy = zcdp: the share of privacy-rho the Gram's one release spends (the rest "
-        "is split over the rounds' phi-y releases)"))
-    privacy_clip_length: int = field(default=50, metadata=_key(_int_range(1, 1_000_000), (
-        "privacy = zcdp: L, the most transitions one episode counts as (longer ones are "
-        "down-weighted); the sensitivities are L (Gram) and L x max|value| (phi-y)")))
+        _float_range(0.0, 1e6, lo_open=True), "privacy = zcdp: zCDP rho of one client's "
+        "readout release (its only release); at most the node config's 'rho'"))
+    privacy_chunks: int = field(default=50, metadata=_key(_int_range(1, 1_000_000), (
+        "privacy = zcdp: m, the chunks a client's episodes are hashed into; each chunk fits "
+        "FQI alone (ridge, local-iterations sweeps); the release's sensitivity is 2 R / m")))
+    privacy_clip_norm: float = field(default=5.0, metadata=_key(
+        _float_range(0.0, 1e9, lo_open=True), "privacy = zcdp: R, the Frobenius norm each "
+        "chunk's advantage readout (centred over actions) is clipped to"))
     privacy_delta: float = field(default=1e-5, metadata=_key(
         _float_range(0.0, 1.0, lo_open=True, hi_open=True),
         "privacy = zcdp: delta of the reported epsilon"))
-    privacy_ridge: float = field(default=-1.0, metadata=_key(
-        lambda v: None if v == -1.0 or v >= 0 else "-1 (auto) or a number >= 0",
-        "privacy = zcdp: ridge the server adds to the PSD-projected noisy Grams (-1: auto, "
-        "the spectral norm the summed Gram noise reaches, 2 sigma sqrt(n D))"))
     #: the POOL learner's settings, from the preset (not a run-config key)
     pool: PoolSettings = field(default=PoolSettings(), init=False,
                                metadata={"check": lambda v: None, "key": False})
@@ -346,11 +341,12 @@ class RunConfig:
                               "'anchor-source' = 'file'")
 
     def _check_private(self) -> None:
-        """Private FedQHD: FedQHDExact's statistics, noised; offline fqi, shared encoder."""
-        if self.strategy not in ("auto", "exact"):
-            raise ConfigError(f"run-config key 'privacy' = 'zcdp' needs 'strategy' = 'exact' "
-                              f"(or 'auto'), got {self.strategy!r}: only sufficient statistics "
-                              "are released with noise so far")
+        """Private FedQHD: one noisy readout per client, averaged; offline fqi, shared
+        encoder."""
+        if self.strategy not in ("auto", "avg"):
+            raise ConfigError(f"run-config key 'privacy' = 'zcdp' needs 'strategy' = 'avg' "
+                              f"(or 'auto'), got {self.strategy!r}: only readouts are "
+                              "released with noise so far")
         if self.learner != "fqi" or self.protocol != "offline" or self.encoder != "shared":
             raise ConfigError("run-config key 'privacy' = 'zcdp' needs 'learner' = 'fqi', "
                               "'protocol' = 'offline' and 'encoder' = 'shared', got "
@@ -470,7 +466,7 @@ class RunConfig:
         if self.strategy != "auto":
             return self.strategy
         if self.privacy == "zcdp":
-            return "exact"
+            return "avg"
         if self.learner == "pool":
             return "anchor"
         return "avg" if self.encoder == "shared" else "anchor"

@@ -48,13 +48,7 @@ from fedqhd.learners.base import (
     reply_counts_text,
 )
 from fedqhd.learners.cache import BoundedCache
-from fedqhd.learners.fqi_private import (
-    FEATURE_NORM,
-    PrivateStatistics,
-    private_statistics,
-    public_value_range,
-    sigma_of,
-)
+from fedqhd.learners.fqi_private import PrivateReadout, private_readout, public_value_range
 from fedqhd.memory import GIB, FitMemoryError, available_memory, fit_memory, format_bytes
 from fedqhd.node_config import NodeSettings
 from fedqhd.readout import (
@@ -67,7 +61,6 @@ from fedqhd.readout import (
 from fedqhd.seeding import SERVER, anchor_seed, evaluation_seed
 from fedqhd.strategies import FedQHDAnchor, FedQHDAvg, FedQHDExact, PrivacyScreen
 from fedqhd.strategies import contract as C
-from fedqhd.strategies.private_exact import FedQHDPrivateExact
 
 STATE_ADMM = "fedqhd-admm"  #: context.state ArrayRecord: the ADMM client's last reply
 #: bytes a learner's in-memory features (one row per distinct state) may take before it fits
@@ -471,31 +464,31 @@ def anchor_plan(cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
 
 
 # ------------------------------------------------------------ private FedQHD (zcdp)
-_PRIVATE_STATS: BoundedCache[PrivateStatistics] = BoundedCache(256 << 20)
+_PRIVATE_READOUTS: BoundedCache[PrivateReadout] = BoundedCache(256 << 20)
 
 
-def private_reply(context: Context, cfg: RunConfig, arrays: Arrays
-                  ) -> tuple[Arrays | None, Metrics]:
+def private_reply(context: Context, cfg: RunConfig) -> tuple[Arrays | None, Metrics]:
     """A private run's reply (:mod:`fedqhd.learners.fqi_private`): the node's noisy
-    statistics; its clipped statistics are cached in this process, its releases live in
-    ``context.state`` and its ledger on disk."""
+    readout; the clipped chunk fits are cached in this process, the release lives in
+    ``context.state`` and the ledger on disk."""
     pid, n_parts = partition(context)
     data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
     node = NodeSettings.of(context.node_config)
     key = ("private", context.run_id, pid, n_parts, data_dir, cfg, node)
 
-    def build() -> PrivateStatistics:
+    def build() -> PrivateReadout:
         shard = client_shard(cfg.env_id, cfg.partition, pid, n_parts, cfg.episodes_per_client,
                              cfg.seed, data_dir=data_dir or None,
                              epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max,
                              limits=ShardLimits(node.value_check, node.max_shard_transitions,
                                                 node.max_compression_ratio))
         spec = get_spec(cfg.env_id)
-        return PrivateStatistics(shard, shared_encoder(cfg).encode, spec.n_actions, cfg.gamma,
-                                 public_reward_range(cfg), cfg.privacy_clip_length)
+        return PrivateReadout(shard, shared_encoder(cfg).encode, spec.n_actions, cfg.gamma,
+                              cfg.ridge, public_reward_range(cfg), cfg.privacy_chunks,
+                              cfg.privacy_clip_norm, cfg.local_iterations)
 
-    stats = _PRIVATE_STATS.get(key, build, (context.run_id, cfg))
-    return private_statistics(context, cfg, stats, arrays, pid)
+    model = _PRIVATE_READOUTS.get(key, build, (context.run_id, cfg))
+    return private_readout(context, cfg, model, pid)
 
 
 def public_reward_range(cfg: RunConfig) -> tuple[float, float]:
@@ -510,18 +503,15 @@ def public_reward_range(cfg: RunConfig) -> tuple[float, float]:
 def private_plan(cfg: RunConfig, initial: ArrayRecord,
                  evaluate: Callable[[ArrayRecord], MetricRecord], shape: list[int],
                  **strategy_kwargs: Any) -> ServerPlan:
-    """FedQHDPrivateExact behind a PrivacyScreen (replies must declare ``private = 1``
-    unless the run is marked non-private); the Gram noise of the run's request sets the
-    automatic noise ridge."""
-    share_rho = cfg.privacy_gram_share * cfg.privacy_rho
-    gram_sigma = sigma_of(cfg.privacy_clip_length * FEATURE_NORM ** 2, share_rho)
+    """FedQHDAvg (uniform average of the noisy readouts: post-processing) behind a
+    PrivacyScreen (replies must declare ``private = 1`` unless the run is marked
+    non-private)."""
     value_range = public_value_range(public_reward_range(cfg), cfg.gamma)
-    strategy = FedQHDPrivateExact(cfg.hd_dim, shape[1], cfg.gamma, cfg.ridge, value_range,
-                                  gram_sigma, None if cfg.privacy_ridge < 0 else cfg.privacy_ridge,
-                                  fraction_evaluate=0.0, **strategy_kwargs)
+    avg = FedQHDAvg(fraction_evaluate=0.0, aggregate="sampled", **strategy_kwargs)
     info = {"readout-shape": shape, "privacy": "zcdp", "privacy-rho": cfg.privacy_rho,
-            "value-range": list(value_range), "gram-sigma": gram_sigma}
-    return ServerPlan(PrivacyScreen(strategy, cfg.non_private), initial, evaluate, info)
+            "value-range": list(value_range),
+            "readout-sensitivity": 2.0 * cfg.privacy_clip_norm / cfg.privacy_chunks}
+    return ServerPlan(PrivacyScreen(avg, cfg.non_private), initial, evaluate, info)
 
 
 # ------------------------------------------------------------------ registry entry
@@ -598,8 +588,8 @@ class FQI:
               ) -> tuple[Arrays | None, Metrics]:
         """Adopt the global Q-function, run local FQI sweeps pulled toward it, reply (admm:
         one consensus step, its dual kept in ``context.state``)."""
-        if cfg.privacy == "zcdp" and C.STATS_REQUEST in arrays:
-            return private_reply(context, cfg, arrays)
+        if cfg.privacy == "zcdp" and C.READOUT in arrays:
+            return private_reply(context, cfg)
         learner, shard = node_learner(context, cfg)
         metrics: Metrics = {C.NUM_TRANSITIONS: learner.n_transitions}
         if NodeSettings.of(context.node_config).value_check == "warn":

@@ -7,8 +7,8 @@ Import them into any Flower ServerApp::
 and the FedQHD paper's baselines ``FedQHDIndependent`` (no aggregation),
 ``FedQHDTruncate`` (truncate-and-average of readouts of different shapes) and
 ``FedQHDPooled`` (the pooled-data oracle of the online protocol, from sufficient
-statistics); ``FedQHDPrivateExact`` solves pooled FQI from noisy statistics (private
-FedQHD).
+statistics). Private FedQHD averages noisy readouts: ``FedQHDAvg`` behind
+``PrivacyScreen``.
 
 The message contract (record names, array keys, metric keys) is in
 :mod:`fedqhd.strategies.contract` and in the README.
@@ -21,8 +21,7 @@ from .exact import FedQHDExact
 from .independent import FedQHDIndependent
 from .pooled import FedQHDPooled
 from .private import PrivacyScreen
-from .private_exact import FedQHDPrivateExact
 from .truncate import FedQHDTruncate
 
 __all__ = ["FedQHDAnchor", "FedQHDAvg", "FedQHDExact", "FedQHDIndependent", "FedQHDPooled",
-           "FedQHDPrivateExact", "FedQHDTruncate", "PrivacyScreen", "contract"]
+           "FedQHDTruncate", "PrivacyScreen", "contract"]
