@@ -403,6 +403,17 @@ _NODE_SHARDS: BoundedCache[Shard] = BoundedCache(0)
 SHARD_SHARE = 8  #: the shard cache's budget is 1 / SHARD_SHARE of ``learner-cache-mib``
 
 
+def _node_shard(cfg: RunConfig, pid: int, n_parts: int, data_dir: str,
+                node: NodeSettings) -> Shard:
+    """Partition ``pid``'s shard (generated, or read from ``data_dir``) under the node's
+    own limits."""
+    return client_shard(cfg.env_id, cfg.partition, pid, n_parts, cfg.episodes_per_client,
+                        cfg.seed, data_dir=data_dir or None,
+                        epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max,
+                        limits=ShardLimits(node.value_check, node.max_shard_transitions,
+                                           node.max_compression_ratio))
+
+
 def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
     """This node's learner and shard (cached in this process while they fit its budget)."""
     pid, n_parts = partition(context)
@@ -411,11 +422,7 @@ def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
     key = (context.run_id, pid, n_parts, data_dir, cfg, node)
 
     def load() -> Shard:
-        shard = client_shard(cfg.env_id, cfg.partition, pid, n_parts, cfg.episodes_per_client,
-                             cfg.seed, data_dir=data_dir or None,
-                             epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max,
-                             limits=ShardLimits(node.value_check, node.max_shard_transitions,
-                                                node.max_compression_ratio))
+        shard = _node_shard(cfg, pid, n_parts, data_dir, node)
         for flag in shard.value_flags:
             log(WARNING, "client %d: shard value flagged (value-check = \"warn\"): %s", pid, flag)
         return shard
@@ -477,11 +484,7 @@ def private_reply(context: Context, cfg: RunConfig) -> tuple[Arrays | None, Metr
     key = ("private", context.run_id, pid, n_parts, data_dir, cfg, node)
 
     def build() -> PrivateReadout:
-        shard = client_shard(cfg.env_id, cfg.partition, pid, n_parts, cfg.episodes_per_client,
-                             cfg.seed, data_dir=data_dir or None,
-                             epsilon_min=cfg.epsilon_min, epsilon_max=cfg.epsilon_max,
-                             limits=ShardLimits(node.value_check, node.max_shard_transitions,
-                                                node.max_compression_ratio))
+        shard = _node_shard(cfg, pid, n_parts, data_dir, node)
         spec = get_spec(cfg.env_id)
         return PrivateReadout(shard, shared_encoder(cfg).encode, spec.n_actions, cfg.gamma,
                               cfg.ridge, public_reward_range(cfg), cfg.privacy_chunks,

@@ -25,9 +25,9 @@ from typing import TypeVar
 
 from flwr.app import Error, Message
 from flwr.common.constant import ErrorCode
-from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
 from flwr.serverapp import Grid
-from flwr.supercore.run import Run
+
+from fedqhd.server.wrapped_grid import WrappedGrid
 
 __all__ = ["FailFastGrid", "RoundFailed", "RunFailed", "error_reason", "fail_fast",
            "quiet_reported", "reply_error", "reported"]
@@ -81,13 +81,10 @@ def _same(reason: str) -> str:
     return re.sub(r"\d+", "#", reason)
 
 
-class FailFastGrid(Grid):
+class FailFastGrid(WrappedGrid):
     """A Grid that raises :class:`RoundFailed` when every reply of a ``send_and_receive``
     call is an error with the same reason (at least two replies, or the only message's);
     everything else is the wrapped grid's."""
-
-    def __init__(self, grid: Grid) -> None:
-        self.grid = grid
 
     def send_and_receive(self, messages: Iterable[Message], *,
                          timeout: float | None = None) -> Iterable[Message]:
@@ -100,29 +97,6 @@ class FailFastGrid(Grid):
                 raise RoundFailed(reasons[0], len(replies))
         return replies
 
-    # --- everything else: the wrapped grid ---
-    def set_run(self, run: Run) -> None:
-        self.grid.set_run(run)
-
-    @property
-    def run(self) -> Run:
-        return self.grid.run
-
-    def create_message(self, content, message_type: str, dst_node_id: int,  # type: ignore[no-untyped-def]
-                       group_id: str, ttl: float | None = None) -> Message:
-        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.grid.get_node_ids()
-
-    def get_nodes(self) -> Iterable[NodeInfo]:
-        return self.grid.get_nodes()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self.grid.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self.grid.pull_messages(message_ids)
 
 
 def fail_fast(grid: Grid) -> Grid:

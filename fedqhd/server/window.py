@@ -20,19 +20,18 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from flwr.app import Message, RecordDict
-from flwr.proto.node_pb2 import NodeInfo  # pylint: disable=E0611
+from flwr.app import Message
 from flwr.serverapp import Grid
-from flwr.supercore.run import Run
 
 from fedqhd.server.simindex import index_messages
+from fedqhd.server.wrapped_grid import WrappedGrid
 
 #: messages kept in the simulation's link state at once (a few per Ray actor is enough
 #: to keep them busy between 0.1 s polls; far fewer than the nodes of a large run)
 SIMULATION_WINDOW = 32
 
 
-class WindowedGrid(Grid):
+class WindowedGrid(WrappedGrid):
     """A Grid that keeps at most ``window`` of a ``send_and_receive`` call's messages
     pushed and unanswered; everything else is the wrapped grid's."""
 
@@ -40,7 +39,7 @@ class WindowedGrid(Grid):
                  pull_interval: float = 0.05) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        self.grid = grid
+        super().__init__(grid)
         self.window = int(window)
         self.pull_interval = float(pull_interval)
         self.max_in_flight = 0  #: the most messages pushed and unanswered at once (tests)
@@ -76,29 +75,6 @@ class WindowedGrid(Grid):
         replies.sort(key=lambda m: order.get(m.metadata.reply_to_message_id, len(order)))
         return replies
 
-    # --- everything else: the wrapped grid ---
-    def set_run(self, run: Run) -> None:
-        self.grid.set_run(run)
-
-    @property
-    def run(self) -> Run:
-        return self.grid.run
-
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
-                       group_id: str, ttl: float | None = None) -> Message:
-        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.grid.get_node_ids()
-
-    def get_nodes(self) -> Iterable[NodeInfo]:
-        return self.grid.get_nodes()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self.grid.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self.grid.pull_messages(message_ids)
 
 
 def for_simulation(grid: Grid, window: int = SIMULATION_WINDOW, index: bool = True) -> Grid:
