@@ -29,7 +29,7 @@ from fedqhd.envs.inventory import DEMANDS, MODELS
 from fedqhd.online import UPDATES
 from fedqhd.pool.api import ZONINGS
 from fedqhd.pool.learner import KERNELS
-from fedqhd.settings import KeyedSettings, SettingError, choice, flag, number, setting
+from fedqhd.settings import KeyedSettings, SettingError, choice, number, setting
 
 __all__ = ["ENCODER_TABLES", "OnlineSettings", "PoolSettings", "PresetError", "RUN_KEYS",
            "builtin_preset", "load_preset", "preset_path", "resolve_preset"]
@@ -77,17 +77,12 @@ class OnlineSettings(KeyedSettings):
                                 "at most this many transitions of an episode enter the buffer")
     tail: int = setting(0, number(0, 100_000, integer=True),
                          "the last this-many transitions of a terminated episode enter first")
-    n_step: int = setting(1, number(1, 1000, integer=True), "n of n-step transitions")
-    action_gap: float = setting(0.0, number(0.0, 1.0),
-                                 "advantage-learning weight (0: plain FQI)")
     mc_mix: float = setting(0.0, number(0.0, 1.0), "weight of the realised discounted "
                              "return in the targets of the last mc-window episodes' rows")
     mc_window: int = setting(100, number(1, 10_000_000, integer=True),
                               "episodes whose realised returns mix into the targets")
     ucb: float = setting(0.0, number(0.0, 1e9), "optimism while collecting: Q plus this "
                           "times each action's relative ridge posterior std")
-    act_local: bool = setting(False, flag, "readout averaging: each client collects with "
-                               "its own last fit (the paper's clients act locally)")
     obs_scale: tuple[float, ...] = setting((), _scales, "multipliers of the task's "
                                             "observation bounds for the encoders (the "
                                             "kernel's length scale per coordinate)")
