@@ -15,7 +15,7 @@ from fedqhd.encoders import HETEROGENEOUS_DIMS, HDEncoder
 from fedqhd.envs import batch, get_spec
 from fedqhd.learners.fqi import client_encoder, encoder_scale, shared_encoder
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, _new_client
-from fedqhd.presets import builtin_preset, load_preset, resolve_preset
+from fedqhd.presets import REMOVED_KEYS, OnlineSettings, builtin_preset, load_preset, resolve_preset
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
@@ -103,6 +103,23 @@ def test_a_bad_preset_is_refused_naming_the_file_and_the_key(tmp_path, body, key
     with pytest.raises(ConfigError) as err:
         RunConfig.from_run_config({"protocol": "online", "preset": str(path)})
     assert str(path) in str(err.value) and key in str(err.value)
+
+
+@pytest.mark.parametrize("key", sorted(REMOVED_KEYS))
+def test_a_removed_learner_key_is_refused_saying_it_was_removed(tmp_path, key):
+    """``act-local``, ``n-step`` and ``action-gap`` were deleted with their code: a preset
+    (top level or an encoder table) or a run config that still names one is refused, and
+    the error says the key was removed rather than guessing a similar one."""
+    assert key not in OnlineSettings.keys()
+    for i, body in enumerate((f"{key} = 1\n", f"ucb = 1.0\n[heterogeneous]\n{key} = 1\n")):
+        path = tmp_path / f"old{i}.toml"
+        path.write_text(body)
+        with pytest.raises(ConfigError, match=f"'{key}' .* was removed"):
+            RunConfig.from_run_config({"protocol": "online", "preset": str(path)})
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config({"protocol": "online", key: 1})
+    assert f"'{key}' (" in str(err.value) and "was removed" in str(err.value)
+    assert "did you mean" not in str(err.value)
 
 
 def test_a_missing_preset_is_refused_naming_it(tmp_path):
