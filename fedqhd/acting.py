@@ -1,6 +1,6 @@
 """How online clients act: epsilon-greedy episodes of many clients in one vectorised loop
 (:func:`collect_many`), and what an episode gives a client's buffer: its transitions
-subsampled per episode, returns-to-go and n-step transitions. The client that learns
+subsampled per episode and their returns-to-go. The client that learns
 from them is :class:`fedqhd.online.OnlineClient`.
 """
 
@@ -210,7 +210,7 @@ def _one_env_step(env: Any) -> Callable[[int], tuple[np.ndarray, float, bool]]:
 def _offer(cl: OnlineClient, records: list[tuple[np.ndarray, ...]], returns: np.ndarray,
            n_episodes: int, timer: Timer) -> None:
     """Record a client's collected episodes: their returns, the start values they began
-    from, and their transitions offered to its buffer (per-episode quota, n-step)."""
+    from, and their transitions offered to its buffer (per-episode quota)."""
     cl.episode_returns.extend(returns.tolist())
     if not records:
         return
@@ -219,18 +219,15 @@ def _offer(cl: OnlineClient, records: list[tuple[np.ndarray, ...]], returns: np.
         keep = _per_episode_subsample(ep, cl.per_episode, cl.rng, te, cl.tail)
         cl.n_transitions += len(ep)
         r_range = (float(r.min()), float(r.max()))
-        cont = 1.0 - te.astype(np.float64)
         to_go = returns_to_go(ep, r, cl.gamma)
         first = len(cl.episode_returns) - n_episodes  # its first episode
         # each episode's first transition is its start (records are in time order)
         _, start = np.unique(ep, return_index=True)
         cl.start_values = cl.q_values(s0[start]).max(axis=1)
         cl.start_returns = to_go[start]
-        if cl.n_step > 1:
-            r, s1, cont = _n_step(ep, r, s1, te, cl.n_step, cl.gamma)
     prev, cl.timer = cl.timer, timer
     try:
-        cl.append(s0[keep], a[keep], r[keep], s1[keep], te[keep], cont[keep], r_range,
+        cl.append(s0[keep], a[keep], r[keep], s1[keep], te[keep], reward_range=r_range,
                   returns_to_go=to_go[keep], episodes=first + ep[keep])
     finally:
         cl.timer = prev
@@ -248,30 +245,6 @@ def returns_to_go(episode: np.ndarray, rewards: np.ndarray, gamma: float) -> np.
     result = np.empty_like(out)
     result[order] = out
     return result
-
-
-def _n_step(episode: np.ndarray, rewards: np.ndarray, next_states: np.ndarray,
-            terminated: np.ndarray, n: int, gamma: float
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """n-step versions of time-ordered transitions (``episode`` labels, each episode's
-    transitions in time order): ``sum_{j<m} gamma^j r_{t+j}``, the state after ``t+m-1``
-    and ``gamma^(m-1)`` (0 if that transition terminated), ``m = min(n, steps left)``."""
-    order = np.argsort(episode, kind="stable")
-    ep, r = episode[order], rewards[order]
-    total = len(ep)
-    ret = np.zeros(total)
-    last = np.arange(total)
-    for j in range(n):
-        idx = np.arange(total) + j
-        ok = idx < total
-        ok[ok] &= ep[idx[ok]] == ep[ok]
-        ret[ok] += gamma**j * r[idx[ok]]
-        last[ok] = idx[ok]
-    m = last - np.arange(total) + 1
-    cont = gamma ** (m - 1.0) * (1.0 - terminated[order][last])
-    out_r, out_s1, out_c = np.empty(total), np.empty_like(next_states), np.empty(total)
-    out_r[order], out_s1[order], out_c[order] = ret, next_states[order][last], cont
-    return out_r, out_s1, out_c
 
 
 def _per_episode_subsample(episode: np.ndarray, quota: int, rng: np.random.Generator,

@@ -29,11 +29,13 @@ from fedqhd.encoders import ENCODER_KINDS
 from fedqhd.envs import env_ids, get_entry, get_spec, load_env_modules
 from fedqhd.online import default_capacity
 from fedqhd.presets import (
+    REMOVED_KEYS,
     OnlineSettings,
     PoolSettings,
     PresetError,
     builtin_preset,
     load_preset,
+    removed_keys_hint,
     resolve_preset,
 )
 from fedqhd.presets.derive import DeriveError, derived_preset
@@ -519,10 +521,12 @@ def run_config_fields() -> list[dataclasses.Field]:
 def unknown_keys_message(unknown: list[str], known: Any) -> str:
     """``unknown run-config key(s) 'a' (did you mean 'b'?)...; valid keys: ...``: what
     every refusal of a key says (the run config here, ``fedqhd check``)."""
-    named = ", ".join(f"'{k}'{'' if _node_keys_hint([k]) else did_you_mean(k, known)}"
-                      for k in unknown)
-    return (f"unknown run-config key(s) {named}{_node_keys_hint(unknown)}; valid keys: "
-            f"{', '.join(sorted(known))}")
+    def hint(k: str) -> str:  # a moved or removed key is explained below instead
+        return "" if _node_keys_hint([k]) or k in REMOVED_KEYS else did_you_mean(k, known)
+
+    named = ", ".join(f"'{k}'{hint(k)}" for k in unknown)
+    return (f"unknown run-config key(s) {named}{_node_keys_hint(unknown)}"
+            f"{removed_keys_hint(unknown)}; valid keys: {', '.join(sorted(known))}")
 
 
 #: former run-config keys that are now the node's own, and the node-config key that took over

@@ -168,18 +168,9 @@ class OnlineClient:
     proximal : float
         Pull toward the prior readout of :meth:`fit`, per admitted transition of the
         action (so its weight relative to the data stays fixed as the buffer grows).
-    action_gap : float
-        Advantage learning (Baird 1999; Bellemare et al. 2016): each target is lowered
-        by ``action_gap * (max_b Q(s, b) - Q(s, a))`` under the readout the sweep starts
-        from, which widens the gap between the greedy and the other actions and makes
-        the greedy policy less sensitive to regression error. 0: plain FQI.
     tail : int
         Of each episode that terminated, its last ``tail`` transitions enter the buffer
         first (within ``per_episode``): the failures of a good policy stay in the data.
-    n_step : int
-        Transitions enter the buffer as n-step transitions: the discounted sum of the
-        next ``n_step`` rewards of the episode and the state ``n_step`` steps on (fewer
-        at the episode's end), so one sweep propagates values ``n_step`` steps. 1: plain.
     capacity : int
         Slots of the regression buffer (reservoir replacement once full).
     mc_mix, mc_window : float, int
@@ -229,8 +220,8 @@ class OnlineClient:
     """
 
     def __init__(self, env_id: str, encoder: HDEncoder, *, gamma: float = 0.99,
-                 ridge: float = 1.0, proximal: float = 0.01, action_gap: float = 0.0,
-                 n_step: int = 1, tail: int = 0, capacity: int = 20000,
+                 ridge: float = 1.0, proximal: float = 0.01, tail: int = 0,
+                 capacity: int = 20000,
                  mc_mix: float = 0.0, mc_window: int = 100, ucb: float = 0.0,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
                  dynamics: dict[str, float] | None = None, form: str = "auto",
@@ -245,7 +236,6 @@ class OnlineClient:
         self.n_actions = spec.n_actions
         self.max_steps = spec.max_episode_steps
         self.gamma, self.ridge, self.proximal = float(gamma), float(ridge), float(proximal)
-        self.action_gap = float(action_gap)
         self.mc_mix, self.mc_window = float(mc_mix), int(mc_window)
         if not 0.0 <= self.mc_mix <= 1.0 or self.mc_window < 1:
             raise ValueError(f"mc_mix must be in [0, 1] and mc_window >= 1; got "
@@ -256,10 +246,7 @@ class OnlineClient:
         #: per action, ``(c_a, L_a^-T Z)`` of the factored system the probes of ``ucb`` read,
         #: for the buffer as it is (None: to factor again; :meth:`exploration_bonus`)
         self._posterior: list[tuple[float, np.ndarray]] | None = None
-        self.n_step = int(n_step)
         self.tail = int(tail)
-        if self.n_step < 1:
-            raise ValueError(f"n_step must be >= 1, got {n_step}")
         self.dim = int(encoder.omega_.shape[1])
         self.capacity, self.per_episode = int(capacity), int(per_episode)
         if form == "auto":
@@ -312,10 +299,10 @@ class OnlineClient:
         """Offer transitions to the buffer (reservoir once full) and update the statistics.
 
         ``continues`` (default ``1 - terminated``) multiplies ``gamma * max Q(next)`` in
-        the targets; n-step transitions pass ``gamma**(n-1)`` (0 after termination),
-        their summed ``rewards`` and the one-step ``reward_range`` they came from.
-        ``returns_to_go`` (each transition's discounted return in its episode, from its
-        one-step rewards) and ``episodes`` (the client's number of each one's episode)
+        the targets; ``reward_range`` (default: these ``rewards``' [min, max]) is that of
+        the collection the transitions were drawn from (the buffer keeps a subsample).
+        ``returns_to_go`` (each transition's discounted return in its episode) and
+        ``episodes`` (the client's number of each one's episode)
         feed the mixed Monte-Carlo targets (``mc_mix``); without them the rows take
         their ``rewards`` and the latest episode's number."""
         actions = np.asarray(actions, dtype=np.int64)
@@ -500,10 +487,6 @@ class OnlineClient:
             recent = self.row_episode[:n] >= len(self.episode_returns) - self.mc_window
             g = np.clip(self.returns_to_go[:n][recent], *q_range)
             y[recent] = (1 - self.mc_mix) * y[recent] + self.mc_mix * g
-        if self.action_gap:
-            q = np.clip(self.features[:n] @ readout.astype(np.float32), *q_range)
-            gap = q.max(axis=1) - q[np.arange(n), self.actions[:n]]
-            y = np.clip(y - self.action_gap * gap, *q_range)
         return y
 
     def value_bias(self) -> float:

@@ -242,27 +242,6 @@ def test_independent_learners_never_compile_a_teacher(tmp_path, monkeypatch):
     assert len(calls) >= 2  # every client compiled the round's teacher
 
 
-def test_n_step_transitions():
-    from fedqhd.acting import _n_step
-    gamma = 0.5
-    # episodes interleaved as collect_many records them; episode 1 terminates
-    ep = np.array([0, 1, 0, 1, 0, 1, 0])
-    r = np.array([1.0, 10.0, 2.0, 20.0, 3.0, 30.0, 4.0])
-    s1 = np.arange(7.0)[:, None]
-    te = np.array([False, False, False, False, False, True, False])
-    ret, nxt, cont = _n_step(ep, r, s1, te, 3, gamma)
-    # episode 0: rewards 1,2,3,4 at rows 0,2,4,6
-    np.testing.assert_allclose(ret[[0, 2, 4, 6]], [1 + 1 + 0.75, 2 + 1.5 + 1, 3 + 2, 4])
-    np.testing.assert_allclose(nxt[[0, 2, 4, 6], 0], [4, 6, 6, 6])
-    np.testing.assert_allclose(cont[[0, 2, 4, 6]], [0.25, 0.25, 0.5, 1.0])
-    # episode 1 terminates at row 5: no bootstrap from it
-    np.testing.assert_allclose(ret[[1, 3, 5]], [10 + 10 + 7.5, 20 + 15, 30])
-    np.testing.assert_allclose(cont[[1, 3, 5]], [0.0, 0.0, 0.0])
-    ret1, _, cont1 = _n_step(ep, r, s1, te, 1, gamma)
-    np.testing.assert_allclose(ret1, r)
-    np.testing.assert_allclose(cont1, 1.0 - te)
-
-
 def test_per_episode_quota_keeps_the_tail_of_failed_episodes():
     from fedqhd.acting import _per_episode_subsample
     # two interleaved episodes: 0 is truncated (rows 0, 2, ..., 18), 1 terminates (odd rows)

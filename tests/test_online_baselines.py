@@ -26,7 +26,7 @@ from fedqhd.strategies import contract as C
 from fedqhd.strategies.truncate import truncated_mean, with_head
 
 #: small manual settings; the paper's plain transition weights (weight-cap-factor 0) and
-#: every client acting with the global readout (act-local off), as the paper suite runs
+#: every client acting with the global readout, as the paper suite runs
 SMALL = {"protocol": "online", "preset": "manual", "hd-dim": 100, "gamma": 0.9,
          "ridge": 1.0, "proximal": 0.01, "local-iterations": 3, "episodes-per-round": 10,
          "eval-episodes": 2, "min-nodes": 2, "weight-cap-factor": 0.0, "seed": 3}

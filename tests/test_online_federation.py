@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-from online_spies import spy_clients
 from presets_util import write_preset
 
 from fedqhd import online
@@ -16,7 +15,7 @@ from fedqhd.encoders import HETEROGENEOUS_DIMS, HDEncoder
 from fedqhd.envs import batch, get_spec
 from fedqhd.learners.fqi import client_encoder, encoder_scale, shared_encoder
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, _new_client
-from fedqhd.presets import builtin_preset, load_preset, resolve_preset
+from fedqhd.presets import REMOVED_KEYS, OnlineSettings, builtin_preset, load_preset, resolve_preset
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
@@ -92,7 +91,7 @@ def test_online_keys_are_validated():
 @pytest.mark.parametrize("body,key", [
     ("mc-mix = 1.5", "mc-mix"), ("mc-window = 0", "mc-window"), ("ucb = -1.0", "ucb"),
     ("epsilon = [0.1, 0.9, 0.5]", "epsilon"), ("per-episode = 2.5", "per-episode"),
-    ("act-local = 1", "act-local"), ("obs-scale = [1, -1]", "obs-scale"),
+    ("act-local = true", "act-local"), ("obs-scale = [1, -1]", "obs-scale"),
     ("gamma = 1.5", "gamma"), ("hd-dim = 0", "hd-dim"), ("hd-dim = 'big'", "hd-dim"),
     ("pessimism = 10", "pessimism"), ("[heterogeneous]\nsweeps = 3", "sweeps"),
     ("[other]\nucb = 1", "other"), ("ucb = ", "TOML")])
@@ -104,6 +103,23 @@ def test_a_bad_preset_is_refused_naming_the_file_and_the_key(tmp_path, body, key
     with pytest.raises(ConfigError) as err:
         RunConfig.from_run_config({"protocol": "online", "preset": str(path)})
     assert str(path) in str(err.value) and key in str(err.value)
+
+
+@pytest.mark.parametrize("key", sorted(REMOVED_KEYS))
+def test_a_removed_learner_key_is_refused_saying_it_was_removed(tmp_path, key):
+    """``act-local``, ``n-step`` and ``action-gap`` were deleted with their code: a preset
+    (top level or an encoder table) or a run config that still names one is refused, and
+    the error says the key was removed rather than guessing a similar one."""
+    assert key not in OnlineSettings.keys()
+    for i, body in enumerate((f"{key} = 1\n", f"ucb = 1.0\n[heterogeneous]\n{key} = 1\n")):
+        path = tmp_path / f"old{i}.toml"
+        path.write_text(body)
+        with pytest.raises(ConfigError, match=f"'{key}' .* was removed"):
+            RunConfig.from_run_config({"protocol": "online", "preset": str(path)})
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_run_config({"protocol": "online", key: 1})
+    assert f"'{key}' (" in str(err.value) and "was removed" in str(err.value)
+    assert "did you mean" not in str(err.value)
 
 
 def test_a_missing_preset_is_refused_naming_it(tmp_path):
@@ -143,7 +159,7 @@ def test_online_auto_settings_follow_the_tasks_preset_file():
 
 def test_the_apps_clients_take_the_table():
     """preset = auto builds every client of the app from the task's table: its
-    discount, penalties, transitions per episode, n-step, tail, advantage gap, mixed
+    discount, penalties, transitions per episode, tail, mixed
     Monte-Carlo targets, optimism, episodes side by side, its encoder's D (D_i cycled
     500, 1000, 2000, 5000 under heterogeneous encoders) and default_capacity(D_i) slots."""
     for (env_id, encoder) in [(e, k) for e in TASKS for k in ("shared", "heterogeneous")]:
@@ -161,8 +177,7 @@ def test_the_apps_clients_take_the_table():
                 run_keys["gamma"], run_keys["ridge"],
                 run_keys.get("proximal", RunConfig().proximal)), (env_id, encoder)
             assert client.per_episode == settings.per_episode
-            assert (client.n_step, client.tail, client.action_gap) == (
-                settings.n_step, settings.tail, settings.action_gap)
+            assert client.tail == settings.tail
             assert (client.mc_mix, client.mc_window) == (settings.mc_mix, settings.mc_window)
             assert client.ucb == settings.ucb, (env_id, encoder)
             if settings.update == "td":  # one episode at a time, learning at every step
@@ -180,8 +195,7 @@ def test_the_apps_clients_take_the_table():
 #: where each key of a preset's ``[heterogeneous]`` table lands: an attribute of the
 #: app's client, or the run config (the server's anchors, the learner settings)
 _CLIENT_KEYS = {"gamma": "gamma", "ridge": "ridge", "proximal": "proximal",
-                "mc-mix": "mc_mix", "mc-window": "mc_window", "ucb": "ucb",
-                "action-gap": "action_gap", "n-step": "n_step", "tail": "tail",
+                "mc-mix": "mc_mix", "mc-window": "mc_window", "ucb": "ucb", "tail": "tail",
                 "per-episode": "per_episode", "td-rate": "td_rate"}
 
 
@@ -267,37 +281,6 @@ def _federate(tmp_path, n_clients: int = 2, base: dict | None = None, **keys
     final, out_dir = run_federation(grid, cfg)
     assert final["status"] == "completed", final
     return json.loads((out_dir / "results.json").read_text())["rounds"], grid
-
-
-def test_a_tasks_act_local_key_makes_the_apps_clients_collect_with_their_own_fit(
-        tmp_path, monkeypatch):
-    """A preset's ``act-local`` (readout averaging: each client collects with its own last
-    fit). In the app, round 2 of a client collects with its own round-1 fit under
-    online-act-local, and with the average of the round-1 fits (the global readout, the
-    same for every client) without."""
-    assert RunConfig.from_run_config({"protocol": "online",
-                                      "env-id": "CartPole-v1"}).online.act_local is False
-    acted, _, fitted = spy_clients(monkeypatch)
-    for act_local in (True, False):
-        acted.clear()
-        fitted.clear()
-        preset = write_preset(tmp_path, f"local-{act_local}", **{
-            "hd-dim": 60, "gamma": 0.9, "ridge": 1.0, "proximal": 0.01, "local-iterations": 5,
-            "episodes-per-round": 20, "act-local": act_local})
-        _federate(tmp_path / str(act_local), strategy="avg", base={
-            "protocol": "online", "eval-episodes": 3, "min-nodes": 2}, **{
-            "preset": preset, "online-episodes": 40, "weight-cap-factor": 0.0})
-        own = [fitted[pid][0][0] for pid in (0, 1)]
-        second = [acted[pid][1] for pid in (0, 1)]
-        assert np.abs(own[0] - own[1]).max() > 1e-6  # two different fits
-        if act_local:
-            for pid in (0, 1):
-                np.testing.assert_array_equal(second[pid], own[pid])
-        else:
-            np.testing.assert_array_equal(second[0], second[1])
-            n = np.array([fitted[pid][0][1] for pid in (0, 1)], dtype=float)
-            np.testing.assert_allclose(second[0], (n[0] * own[0] + n[1] * own[1]) / n.sum(),
-                                       rtol=1e-12, atol=1e-12)
 
 
 def test_a_presets_obs_scale_rescales_every_encoder_alike(tmp_path):
@@ -413,16 +396,14 @@ def test_a_user_presets_keys_reach_the_apps_clients(tmp_path):
     """preset = a preset file: the app's client takes every setting it gives."""
     preset = write_preset(tmp_path, **{
         "hd-dim": 20, "gamma": 0.8, "ridge": 2.0, "proximal": 0.05, "episodes-per-round": 4,
-        "per-episode": 7, "n-step": 3, "tail": 5, "action-gap": 0.3, "mc-mix": 0.4,
-        "mc-window": 30, "ucb": 1.5})
+        "per-episode": 7, "tail": 5, "mc-mix": 0.4, "mc-window": 30, "ucb": 1.5})
     cfg = RunConfig.from_run_config({"protocol": "online", "preset": preset,
                                      "online-episodes": 8})
     assert cfg.num_server_rounds == 2
     client, _ = _new_client(cfg, 0, 2)
     assert (client.dim, client.gamma, client.ridge, client.proximal) == (20, 0.8, 2.0, 0.05)
-    assert (client.n_parallel, client.per_episode, client.n_step, client.tail) == (4, 7, 3, 5)
-    assert (client.action_gap, client.mc_mix, client.mc_window, client.ucb) == (
-        0.3, 0.4, 30, 1.5)
+    assert (client.n_parallel, client.per_episode, client.tail) == (4, 7, 5)
+    assert (client.mc_mix, client.mc_window, client.ucb) == (0.4, 30, 1.5)
     assert client.capacity == online.default_capacity(20)
 
 
@@ -432,9 +413,9 @@ def test_an_edited_preset_file_is_read_again(tmp_path):
     path = tmp_path / "mine.toml"
     path.write_text("ucb = 1.0\n")
     first = RunConfig.from_run_config({"protocol": "online", "preset": str(path)})
-    path.write_text("ucb = 2.5\nact-local = true\n")
+    path.write_text("ucb = 2.5\nmc-mix = 0.5\n")
     second = RunConfig.from_run_config({"protocol": "online", "preset": str(path)})
-    assert (first.online.ucb, second.online.ucb, second.online.act_local) == (1.0, 2.5, True)
+    assert (first.online.ucb, second.online.ucb, second.online.mc_mix) == (1.0, 2.5, 0.5)
 
 
 def test_eval_every_evaluates_every_kth_round_and_the_last(tmp_path):

@@ -34,11 +34,10 @@ def _run(tmp_path, n: int, **keys) -> list[dict]:
     return json.loads((out / "results.json").read_text())["rounds"]
 
 
-@pytest.mark.parametrize("key,value", [("act-local", True), ("ucb", 2.0)])
+@pytest.mark.parametrize("key,value", [("ucb", 2.0)])
 def test_the_collection_settings_change_what_clients_collect(tmp_path, key, value):
-    """``act-local`` (each client collects with its own last fit) and ``ucb`` (optimistic
-    collection) change the data, so the curve: each run is FedQHD's readout averaging,
-    learns, and is not the plain run's."""
+    """``ucb`` (optimistic collection) changes the data, so the curve: the run is FedQHD's
+    readout averaging, learns, and is not the plain run's."""
     small = {k: KEYS[k] for k in ("hd-dim", "gamma", "ridge", "proximal", "local-iterations",
                                   "episodes-per-round")}
     runs = {}

@@ -87,8 +87,7 @@ def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, d
     settings = cfg.online
     td = settings.update == "td"  # learns while it acts: no buffer, one episode at a time
     client = OnlineClient(cfg.env_id, encoder, gamma=cfg.gamma, ridge=cfg.ridge,
-                          proximal=cfg.proximal, action_gap=settings.action_gap,
-                          n_step=settings.n_step, tail=settings.tail, mc_mix=settings.mc_mix,
+                          proximal=cfg.proximal, tail=settings.tail, mc_mix=settings.mc_mix,
                           ucb=settings.ucb, mc_window=settings.mc_window,
                           capacity=0 if td else default_capacity(dim),
                           per_episode=settings.per_episode,
@@ -289,11 +288,8 @@ class FQIOnline(FQI):
     def _train(self, context: Context, cfg: RunConfig, arrays: Arrays, client: OnlineClient,
                cache: dict[str, Any]) -> tuple[Arrays | None, Metrics]:
         metrics: Metrics = {}
-        own = client.readout
         _adopt(client, cache, arrays, cfg, metrics)
         start = client.readout.copy()
-        if cfg.online.act_local and cfg.resolved_strategy == "avg":
-            client.readout = own  # collect with its own last fit, as the paper's clients do
         done = len(client.episode_returns)
         k = cfg.episodes_per_round
         collect(client, k, epsilon_schedule(*cfg.online.epsilon)(np.arange(done, done + k)))

@@ -29,10 +29,11 @@ from fedqhd.envs.inventory import DEMANDS, MODELS
 from fedqhd.online import UPDATES
 from fedqhd.pool.api import ZONINGS
 from fedqhd.pool.learner import KERNELS
-from fedqhd.settings import KeyedSettings, SettingError, choice, flag, number, setting
+from fedqhd.settings import KeyedSettings, SettingError, choice, number, setting
 
-__all__ = ["ENCODER_TABLES", "OnlineSettings", "PoolSettings", "PresetError", "RUN_KEYS",
-           "builtin_preset", "load_preset", "preset_path", "resolve_preset"]
+__all__ = ["ENCODER_TABLES", "OnlineSettings", "PoolSettings", "PresetError", "REMOVED_KEYS",
+           "RUN_KEYS", "builtin_preset", "load_preset", "preset_path", "removed_keys_hint",
+           "resolve_preset"]
 
 #: the folder of the built-in presets
 PRESET_DIR = Path(__file__).resolve().parent
@@ -43,11 +44,29 @@ RUN_KEYS: tuple[str, ...] = ("hd-dim", "bandwidth", "gamma", "ridge", "proximal"
                              "epsilon-max")
 #: the tables that override the top-level keys for one encoder
 ENCODER_TABLES: tuple[str, ...] = ("shared", "heterogeneous")
+#: online learner settings deleted with their code once no default, preset or user needed
+#: them (git keeps them; BENCHMARKS.md, "Online presets"), and what they did: a preset or
+#: run config that still names one is told so
+REMOVED_KEYS: dict[str, str] = {
+    "act-local": "readout averaging with each client collecting with its own last fit",
+    "n-step": "n-step transitions",
+    "action-gap": "advantage-learning targets",
+}
 
 
 class PresetError(ValueError):
     """A preset file is unreadable, or names an unknown key or a value out of range; the
     message names the file and the key."""
+
+
+def removed_keys_hint(keys: list[str]) -> str:
+    """`` ('n-step' (n-step transitions) was removed ...)`` for the keys of ``keys`` that
+    were learner settings once (:data:`REMOVED_KEYS`); empty when none was."""
+    gone = [f"'{k}' ({REMOVED_KEYS[k]})" for k in keys if k in REMOVED_KEYS]
+    if not gone:
+        return ""
+    return (f" ({', '.join(gone)} {'was' if len(gone) == 1 else 'were'} removed from the "
+            "online learner: no preset used it; delete the key)")
 
 
 def _epsilon(v: Any) -> str | None:
@@ -77,17 +96,12 @@ class OnlineSettings(KeyedSettings):
                                 "at most this many transitions of an episode enter the buffer")
     tail: int = setting(0, number(0, 100_000, integer=True),
                          "the last this-many transitions of a terminated episode enter first")
-    n_step: int = setting(1, number(1, 1000, integer=True), "n of n-step transitions")
-    action_gap: float = setting(0.0, number(0.0, 1.0),
-                                 "advantage-learning weight (0: plain FQI)")
     mc_mix: float = setting(0.0, number(0.0, 1.0), "weight of the realised discounted "
                              "return in the targets of the last mc-window episodes' rows")
     mc_window: int = setting(100, number(1, 10_000_000, integer=True),
                               "episodes whose realised returns mix into the targets")
     ucb: float = setting(0.0, number(0.0, 1e9), "optimism while collecting: Q plus this "
                           "times each action's relative ridge posterior std")
-    act_local: bool = setting(False, flag, "readout averaging: each client collects with "
-                               "its own last fit (the paper's clients act locally)")
     obs_scale: tuple[float, ...] = setting((), _scales, "multipliers of the task's "
                                             "observation bounds for the encoders (the "
                                             "kernel's length scale per coordinate)")
@@ -167,7 +181,8 @@ def _load(path_text: str, mtime_ns: int, size: int, cls: type[Settings]) -> dict
         unknown = sorted(k for k in table if k not in valid and k not in ENCODER_TABLES)
         if unknown or (table is not data and any(k in ENCODER_TABLES for k in table)):
             bad = unknown or [k for k in table if k in ENCODER_TABLES]
-            raise PresetError(f"preset {path}: unknown key(s) {bad}; valid keys: "
+            raise PresetError(f"preset {path}: unknown key(s) {bad}"
+                              f"{removed_keys_hint(bad)}; valid keys: "
                               f"{sorted(valid)} and the tables {list(ENCODER_TABLES)}")
     for encoder in ENCODER_TABLES:  # every learner setting, as each encoder would take it
         merged = {**data, **data.get(encoder, {})}
