@@ -33,6 +33,30 @@ def ray_cpus() -> int | None:
     return max(1, int(cpus)) if cpus else None
 
 
+#: resources every Ray node has; the others (``ray start --resources``) name a node
+_STANDARD = {"CPU", "GPU", "memory", "object_store_memory", "accelerator_type"}
+
+
+def ray_node() -> str:
+    """Where this Ray worker process runs: ``node <ip> <node id>, resources <a,b>, pid
+    <pid>``, the resources being the node's custom ones (``ray start --resources``).
+    Logged once per ClientApp process, so a run's ``run.log`` shows which Ray nodes
+    served it (tests/test_ray_cluster.py); it changes no result."""
+    import os
+
+    ray = sys.modules["ray"]
+    try:
+        node_id = ray.get_runtime_context().get_node_id()
+        node: dict[str, Any] = next(
+            (n for n in ray.nodes() if n.get("NodeID") == node_id), {})
+        custom = sorted(k for k in node.get("Resources", {})
+                        if k not in _STANDARD and not k.startswith("node:"))
+        return (f"Ray node {node.get('NodeManagerAddress', '?')} {node_id}, "
+                f"resources {','.join(custom) or '-'}, pid {os.getpid()}")
+    except Exception as exc:  # noqa: BLE001 - only a log line: never fail a ClientApp
+        return f"Ray node unknown: {exc!r}"
+
+
 def blas_threads() -> int:
     """Threads of this process's BLAS pools now (the largest, if several are loaded).
 
@@ -56,6 +80,6 @@ def limit_client_threads() -> int:
             from threadpoolctl import threadpool_limits
 
             _LIMITER["limits"] = threadpool_limits(limits=cpus)
-            log(20, "fedqhd: ClientApp process under Ray with %d CPU(s): BLAS threads %d",
-                cpus, blas_threads())
+            log(20, "fedqhd: ClientApp process under Ray with %d CPU(s): BLAS threads %d "
+                "(%s)", cpus, blas_threads(), ray_node())
     return blas_threads()
