@@ -182,7 +182,9 @@ def one_run(i: int, env: dict[str, str], out: Path) -> dict:
             "start-up-s": start, "rounds-s": round(rounds, 2),
             "shut-down-s": round(wall - start - rounds, 2),
             "submitted-s": first("Successfully started run"),
+            "simulation-s": first("Starting Flower Simulation"),
             "strategy-s": first("Starting FedQHD"),
+            "first-clientapp-s": first("ClientApp process under Ray"),
             "round-1-s": data["rounds"][0]["wall-time-s"],
             "return-mean": data["final"]["return-mean"]}
 
@@ -206,8 +208,8 @@ def inner(args: argparse.Namespace) -> int:
             started.append(subprocess.Popen(cmd, cwd=cwd, env=dict(env, **extra), stdout=fh,
                                             stderr=subprocess.STDOUT, start_new_session=True))
 
-    report: dict = {"nodes": args.nodes, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                    "command": " ".join(sys.argv), "runs": []}
+    report: dict = {"nodes": args.nodes, "poll": args.poll, "runs": [],
+                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
     try:
         t0 = time.perf_counter()
         cpus = "1" if args.nodes == 2 else "2"
@@ -223,7 +225,8 @@ def inner(args: argparse.Namespace) -> int:
         t1 = time.perf_counter()
         start([str(BIN / "flower-superlink"), "--simulation", "--insecure", "--host",
                "127.0.0.1", "--port", str(LINK_PORT)], "superlink.log", cwd=neutral,
-              RAY_ADDRESS="127.0.0.2:6379")
+              RAY_ADDRESS="127.0.0.2:6379",
+              **({"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(args.poll)} if args.poll else {}))
         wait_for(healthy, "SuperLink")
         report["superlink-up-s"] = round(time.perf_counter() - t1, 2)
         print(f"cluster ({args.nodes} node(s)) up in {report['cluster-up-s']} s, SuperLink "
@@ -253,6 +256,8 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, choices=(1, 2), default=2)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default="/tmp/warm-cluster")
+    parser.add_argument("--poll", type=float, default=0.0,
+                        help="the SuperExec's task poll interval, s (Flower's default 1.0)")
     args = parser.parse_args()
     if os.environ.get(INNER):
         return inner(args)
