@@ -1,0 +1,268 @@
+"""Warm Ray cluster (issue 32): the same ``flwr run`` submitted N times to one running
+Ray cluster and one SuperLink, each run's wall time split into start-up, rounds and
+shut-down.
+
+    python benchmarks/warm_cluster.py --nodes 2 --runs 3 --out /tmp/warm
+
+The cluster is the one of docs/deployment.md ("Simulation on an existing Ray cluster"):
+``--nodes 2`` a head (127.0.0.2) and a worker (127.0.0.3), 1 CPU each; ``--nodes 1`` the
+head alone with 2 CPUs. Ray listens on all interfaces, so everything runs in a private
+network namespace (``unshare --user --map-root-user --net``) whose only interface is
+``lo``, as tests/test_ray_cluster.py does. The run: online heterogeneous CartPole, seed
+42, 5 SuperNodes, 1 CPU per ClientApp actor.
+
+Split of one run (seconds since ``flwr run`` was started): start-up = until the first
+``[ROUND 1/`` line of ``--stream``; rounds = the last round's ``wall-time-s`` in the
+run's results.json (counted from the strategy's start); shut-down = the rest, until
+``flwr run`` returns. Everything started is stopped by process group (the SuperLink, each
+``ray start --block``), then whatever is left in the namespace by PID; never ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+PROJECT = Path(__file__).resolve().parents[1]
+RUN_CONFIG = "protocol='online' env-id='CartPole-v1' encoder='heterogeneous' seed=42"
+FEDERATION = "num-supernodes=5 client-resources-num-cpus=1"
+INNER = "FEDQHD_WARM_CLUSTER_INNER"
+COMMON = ["--block", "--object-store-memory", "100000000", "--disable-usage-stats"]
+HEAD = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.2", "--port", "6379",
+        "--resources", '{"head": 1}', "--include-dashboard", "false",
+        "--node-manager-port", "6380", "--object-manager-port", "6381",
+        "--runtime-env-agent-port", "6382", "--dashboard-agent-grpc-port", "6383",
+        "--dashboard-agent-listen-port", "6384", "--metrics-export-port", "6385",
+        "--ray-client-server-port", "6386", "--min-worker-port", "6400",
+        "--max-worker-port", "6449"]
+WORKER = [str(BIN / "ray"), "start", "--address", "127.0.0.2:6379",
+          "--node-ip-address", "127.0.0.3",
+          "--resources", '{"worker": 1}', "--node-manager-port", "6390",
+          "--object-manager-port", "6391", "--runtime-env-agent-port", "6392",
+          "--dashboard-agent-grpc-port", "6393", "--dashboard-agent-listen-port", "6394",
+          "--metrics-export-port", "6395", "--min-worker-port", "6450",
+          "--max-worker-port", "6499"]
+LINK_PORT = 39093
+
+
+# ----------------------------------------------------------- outside the namespace
+def netns_of(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def pids_in(netns: str) -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and netns_of(int(p)) == netns]
+
+
+def stop_namespace(netns: str, grace: float = 15.0) -> list[int]:
+    """SIGTERM, then SIGKILL, every process of ``netns`` (only this script's), by PID."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for pid in pids_in(netns):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait
+        while pids_in(netns) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return pids_in(netns)
+
+
+def outer(argv: list[str]) -> int:
+    proc = subprocess.Popen(
+        ["unshare", "--user", "--map-root-user", "--net", "bash", "-c",
+         'ip link set lo up && exec "$0" "$@"', sys.executable, __file__, *argv],
+        env=dict(os.environ, **{INNER: "1"}), start_new_session=True)
+    ours = netns_of(os.getpid())
+    netns = None
+    try:
+        while (netns := netns_of(proc.pid)) == ours and proc.poll() is None:
+            time.sleep(0.01)
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+        left = stop_namespace(netns) if netns and netns != ours else []
+        if left:
+            print(f"still running in the namespace: {left}", file=sys.stderr)
+
+
+# ------------------------------------------------------------ inside the namespace
+def load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """The process group ``proc`` leads (``start_new_session``): SIGTERM, then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def wait_for(check, what: str, timeout: float = 120.0) -> float:
+    t0 = time.perf_counter()
+    while not check():
+        if time.perf_counter() - t0 > timeout:
+            raise RuntimeError(f"{what} not up after {timeout:.0f} s")
+        time.sleep(0.5)
+    return time.perf_counter() - t0
+
+
+def ray_nodes(env: dict[str, str]) -> int:
+    done = subprocess.run([str(BIN / "ray"), "status", "--address", "127.0.0.2:6379"],
+                          env=env, capture_output=True, text=True)
+    return done.stdout.count(" node_") if done.returncode == 0 else 0
+
+
+def healthy() -> bool:
+    try:
+        return bool(urllib.request.urlopen(f"http://127.0.0.1:{LINK_PORT}/health",
+                                           timeout=1).status == 200)
+    except OSError:
+        return False
+
+
+def one_run(i: int, env: dict[str, str], out: Path) -> dict:
+    run_out = out / f"run-{i}"
+    cmd = [str(BIN / "flwr"), "run", str(PROJECT), "ray-cluster", "--stream",
+           "--federation-config", FEDERATION, "--run-config",
+           f"{RUN_CONFIG} verbose=true output-dir='{run_out}'"]
+    before = load()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=PROJECT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.perf_counter() - t0, line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    proc.wait(timeout=600)
+    wall = time.perf_counter() - t0
+    reader.join(timeout=10)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"run-{i}.log").write_text("".join(f"{t:7.2f} | {x}" for t, x in lines))
+    results = sorted(run_out.glob("*/*/results.json"))
+    if proc.returncode != 0 or not results:
+        raise RuntimeError(f"run {i} failed (rc {proc.returncode}), see {out}/run-{i}.log")
+
+    def first(marker: str) -> float | None:
+        return next((round(t, 2) for t, x in lines if marker in x), None)
+
+    data = json.loads(results[-1].read_text())
+    rounds = data["rounds"][-1]["wall-time-s"]
+    start = first("[ROUND 1/")
+    assert start is not None, "no [ROUND 1/ line"
+    return {"run": i, "load-before": before, "wall-s": round(wall, 2),
+            "start-up-s": start, "rounds-s": round(rounds, 2),
+            "shut-down-s": round(wall - start - rounds, 2),
+            "submitted-s": first("Successfully started run"),
+            "simulation-s": first("Starting Flower Simulation"),
+            "strategy-s": first("Starting FedQHD"),
+            "first-clientapp-s": first("ClientApp process under Ray"),
+            "round-1-s": data["rounds"][0]["wall-time-s"],
+            "return-mean": data["final"]["return-mean"]}
+
+
+def inner(args: argparse.Namespace) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="fqw-", dir="/tmp"))  # Ray's socket paths: < 108 B
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+               TMPDIR=str(tmp), FLWR_HOME=str(tmp / "flwr"), RAY_USAGE_STATS_ENABLED="0",
+               FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", RAY_DEDUP_LOGS="0",
+               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    env.pop(INNER, None)
+    (tmp / "flwr").mkdir()
+    (tmp / "flwr" / "config.toml").write_text(
+        f'[superlink.ray-cluster]\naddress = "127.0.0.1:{LINK_PORT}"\ninsecure = true\n')
+    started: list[subprocess.Popen] = []
+
+    def start(cmd: list[str], log: str, cwd: Path = tmp, **extra: str) -> None:
+        with open(tmp / log, "w") as fh:
+            started.append(subprocess.Popen(cmd, cwd=cwd, env=dict(env, **extra), stdout=fh,
+                                            stderr=subprocess.STDOUT, start_new_session=True))
+
+    report: dict = {"nodes": args.nodes, "poll": args.poll, "runs": [],
+                    "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
+    try:
+        t0 = time.perf_counter()
+        cpus = "1" if args.nodes == 2 else "2"
+        start([*HEAD, "--temp-dir", str(tmp / "head"), "--num-cpus", cpus, *COMMON], "head.log")
+        wait_for(lambda: ray_nodes(env) >= 1, "Ray head")
+        if args.nodes == 2:
+            start([*WORKER, "--temp-dir", str(tmp / "worker"), "--num-cpus", "1", *COMMON],
+                  "worker.log")
+            wait_for(lambda: ray_nodes(env) >= 2, "Ray worker")
+        report["cluster-up-s"] = round(time.perf_counter() - t0, 2)
+        neutral = tmp / "link-cwd"  # docs/simulation.md, "A stale ClientApp"
+        neutral.mkdir()
+        t1 = time.perf_counter()
+        start([str(BIN / "flower-superlink"), "--simulation", "--insecure", "--host",
+               "127.0.0.1", "--port", str(LINK_PORT)], "superlink.log", cwd=neutral,
+              RAY_ADDRESS="127.0.0.2:6379",
+              **({"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(args.poll)} if args.poll else {}))
+        wait_for(healthy, "SuperLink")
+        report["superlink-up-s"] = round(time.perf_counter() - t1, 2)
+        print(f"cluster ({args.nodes} node(s)) up in {report['cluster-up-s']} s, SuperLink "
+              f"in {report['superlink-up-s']} s", flush=True)
+        for i in range(1, args.runs + 1):
+            row = one_run(i, env, out)
+            report["runs"].append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        for proc in reversed(started):  # the SuperLink, then each node, by process group
+            stop_group(proc)
+        for log in ("head.log", "worker.log", "superlink.log"):
+            if (tmp / log).exists():
+                shutil.copy(tmp / log, out / log)
+        shutil.rmtree(tmp, ignore_errors=True)
+        (out / "report.json").write_text(json.dumps(report, indent=1))
+    print(f"{'run':>3} {'load before':>16} {'wall':>6} {'start-up':>8} {'rounds':>6} "
+          f"{'shut-down':>9} {'return':>7}")
+    for r in report["runs"]:
+        print(f"{r['run']:>3} {r['load-before']:>16} {r['wall-s']:>6.1f} {r['start-up-s']:>8.1f}"
+              f" {r['rounds-s']:>6.1f} {r['shut-down-s']:>9.1f} {r['return-mean']:>7.1f}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, choices=(1, 2), default=2)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", default="/tmp/warm-cluster")
+    parser.add_argument("--poll", type=float, default=0.0,
+                        help="the SuperExec's task poll interval, s (Flower's default 1.0)")
+    args = parser.parse_args()
+    if os.environ.get(INNER):
+        return inner(args)
+    return outer(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
