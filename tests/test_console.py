@@ -9,13 +9,14 @@ import itertools
 import logging
 import sys
 import warnings
+from collections.abc import Iterator
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 
 import pytest
 from flwr.app import Message
 from flwr.clientapp import ClientApp
-from flwr.common.logger import console_handler, log
+from flwr.common.logger import FLOWER_LOGGER, console_handler, log
 
 from fedqhd.client.app import app as client_app
 from fedqhd.config import RunConfig
@@ -40,11 +41,15 @@ WORKER_TRACEBACK = ["(ClientAppActor pid=4972) Traceback (most recent call last)
 
 
 @pytest.fixture
-def console_out(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
-    """What Flower's console handler prints."""
+def console_out(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
+    """What Flower's console handler prints (with Flower's logger at its INFO default,
+    whatever a test before this one in the process left it at)."""
     out = io.StringIO()
     monkeypatch.setattr(console_handler, "stream", out)
-    return out
+    level = FLOWER_LOGGER.level
+    FLOWER_LOGGER.setLevel(logging.INFO)
+    yield out
+    FLOWER_LOGGER.setLevel(level)
 
 
 def _streams_to(out: io.StringIO, monkeypatch: pytest.MonkeyPatch) -> None:

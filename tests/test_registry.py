@@ -202,7 +202,7 @@ def test_env_module_is_imported_before_validation(example_env) -> None:
 
 
 def test_custom_env_runs_federated_in_process_and_beats_random(example_env, tmp_path,
-                                                               monkeypatch) -> None:
+                                                               monkeypatch, request) -> None:
     from flwr.common.logger import FLOWER_LOGGER
 
     from fedqhd.client.app import app as client_app
@@ -210,6 +210,8 @@ def test_custom_env_runs_federated_in_process_and_beats_random(example_env, tmp_
     from fedqhd.server.inprocess import InProcessGrid
 
     monkeypatch.setenv("FEDQHD_CACHE_DIR", str(tmp_path / "cache"))
+    level = FLOWER_LOGGER.level  # restored: later tests in this process read Flower's INFO lines
+    request.addfinalizer(lambda: FLOWER_LOGGER.setLevel(level))
     FLOWER_LOGGER.setLevel(logging.WARNING)
     run_config = {"env-module": "my_env", "env-id": "MyEnv-v0", "partition": "iid",
                   "epsilon-min": 1.0, "epsilon-max": 1.0, "num-server-rounds": 5,
