@@ -28,10 +28,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from fedqhd.studies.netns import netns_of, stop_namespace
+from fedqhd.studies.scale import timed_lines
 
 BIN = Path(sys.executable).parent
 PROJECT = Path(__file__).resolve().parents[1]
@@ -57,31 +59,6 @@ LINK_PORT = 39093
 
 
 # ----------------------------------------------------------- outside the namespace
-def netns_of(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/net")
-    except OSError:
-        return None
-
-
-def pids_in(netns: str) -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and netns_of(int(p)) == netns]
-
-
-def stop_namespace(netns: str, grace: float = 15.0) -> list[int]:
-    """SIGTERM, then SIGKILL, every process of ``netns`` (only this script's), by PID."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for pid in pids_in(netns):
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        deadline = time.monotonic() + wait
-        while pids_in(netns) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    return pids_in(netns)
-
-
 def outer(argv: list[str]) -> int:
     proc = subprocess.Popen(
         ["unshare", "--user", "--map-root-user", "--net", "bash", "-c",
@@ -153,18 +130,8 @@ def one_run(i: int, env: dict[str, str], out: Path) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=PROJECT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    lines: list[tuple[float, str]] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append((time.perf_counter() - t0, line))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    proc.wait(timeout=600)
+    lines = timed_lines(proc, t0, timeout=600)
     wall = time.perf_counter() - t0
-    reader.join(timeout=10)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"run-{i}.log").write_text("".join(f"{t:7.2f} | {x}" for t, x in lines))
     results = sorted(run_out.glob("*/*/results.json"))

@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_docs import fresh_copy, shell_blocks
+
+from fedqhd.studies.netns import netns_of, stop_namespace
 
 BIN = Path(sys.executable).parent
 NODE_LINE = re.compile(r"ClientApp process under Ray with \d+ CPU\(s\): BLAS threads \d+ "
@@ -52,33 +53,6 @@ def netns_available() -> bool:
     done = subprocess.run(["unshare", "--user", "--map-root-user", "--net", "ip", "link", "set",
                            "lo", "up"], capture_output=True)
     return done.returncode == 0
-
-
-def netns_of(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/net")
-    except OSError:
-        return None
-
-
-def pids_in(netns: str) -> list[int]:
-    """Every process whose network namespace is ``netns`` (only the test's own)."""
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and netns_of(int(p)) == netns]
-
-
-def stop_namespace(netns: str, grace: float = 15.0) -> list[int]:
-    """SIGTERM every process of ``netns`` by PID, then SIGKILL what is left; returns the
-    PIDs still there afterwards (none expected)."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for pid in pids_in(netns):
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        deadline = time.monotonic() + wait
-        while pids_in(netns) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    return pids_in(netns)
 
 
 def sockets(pid: int) -> list[tuple[str, int, str, int, str]]:

@@ -262,7 +262,7 @@ def _round_times(results: Path) -> dict[str, Any]:
             "results": str(results)}
 
 
-def _timed_lines(proc: subprocess.Popen, t0: float, timeout: float) -> list[tuple[float, str]]:
+def timed_lines(proc: subprocess.Popen, t0: float, timeout: float) -> list[tuple[float, str]]:
     """``proc``'s output lines, each with the seconds since ``t0`` when it was read."""
     lines: list[tuple[float, str]] = []
 
@@ -418,7 +418,7 @@ def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Pat
             mem.pids = [link.pid, proc.pid]
             spy = None if profile is None else _Profiler(link.pid, profile)
             try:
-                lines = _timed_lines(proc, t0, timeout)
+                lines = timed_lines(proc, t0, timeout)
             finally:
                 if spy is not None:
                     spy.stop()
