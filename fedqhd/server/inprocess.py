@@ -12,12 +12,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
+
+from fedqhd.server.failures import reply_error
 
 RUN_ID = 4242
 
@@ -77,9 +78,7 @@ class InProcessGrid(Grid):
         try:
             return self.apps[node](msg, self.contexts[node])
         except Exception as exc:  # as Flower does: a crashing ClientApp replies an error
-            return msg.create_error_reply(
-                Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION,
-                      reason=f"{type(exc).__name__}: {exc}"))
+            return reply_error(msg, exc)
 
     # --- not needed in process ---
     def create_message(self, *a, **k):  # pragma: no cover
