@@ -382,12 +382,12 @@ def test_log_lines_are_timed_and_milestones_found():
     import subprocess
     import time
 
-    from fedqhd.studies.scale import _milestones, _timed_lines
+    from fedqhd.studies.scale import _milestones, timed_lines
 
     code = "import time; print('[ROUND 1/3]', flush=True); time.sleep(0.5); print('[ROUND 2/3]')"
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    lines = _timed_lines(proc, t0, timeout=30)
+    lines = timed_lines(proc, t0, timeout=30)
     marks = _milestones(lines)
     assert [line for _, line in lines] == ["[ROUND 1/3]\n", "[ROUND 2/3]\n"]
     assert marks["round 2"] - marks["round 1"] >= 0.4 and marks["end"] == marks["round 2"]
