@@ -1,19 +1,25 @@
-"""Empirical privacy audit of a Gaussian count release: an epsilon LOWER bound.
+"""Empirical privacy audit of a Gaussian release: an epsilon LOWER bound.
 
 (Unrelated to :mod:`fedqhd.deploy.audit`, which audits file access.)
 
-Given the counts of two neighbouring data sets D and D' (restricted to the
-entries where they differ; every other entry has the same distribution under
-both and is independent of these, so it carries no evidence), the mechanism is
-run many times on each, vectorised, through the real
-:func:`~fedqhd.privacy.release_counts` (same calibration). By default the audit
-sees the Gaussian mechanism's output before clipping at zero: that is what the
-claimed rho is proved for, and clipping is post-processing, which can only hide
-evidence (with sparse counts it hides most of it). The distinguisher is the
-likelihood-ratio test of two Gaussians with equal covariance: project the
-output onto the sensitivity direction ``c(D') - c(D)`` and threshold. Half of
-the releases choose the threshold and its direction, the other half measure its
-false-positive and false-negative rates, bounded by Clopper-Pearson at the
+Two releases are audited, by one core (:func:`audit_statistic`, which takes a sampler
+of the test statistic on each data set):
+
+* POOL's counts (:func:`audit_release`). Given the counts of two neighbouring data
+  sets D and D' (restricted to the entries where they differ; every other entry has
+  the same distribution under both and is independent of these, so it carries no
+  evidence), the mechanism is run many times on each, vectorised, through the real
+  :func:`~fedqhd.privacy.release_counts` (same calibration). By default the audit sees
+  the Gaussian mechanism's output before clipping at zero: that is what the claimed rho
+  is proved for, and clipping is post-processing, which can only hide evidence (with
+  sparse counts it hides most of it).
+* A real array, e.g. private FedQHD's readout (:func:`audit_real_release`; the caller
+  passes the code path that adds the noise, see :mod:`fedqhd.studies.fedqhd_audit`).
+
+The distinguisher is the likelihood-ratio test of two Gaussians with equal (isotropic)
+covariance: project the output onto the sensitivity direction ``x(D') - x(D)`` and
+threshold. Half of the releases choose the threshold and its direction, the other half
+measure its false-positive and false-negative rates, bounded by Clopper-Pearson at the
 requested confidence (split between the two rates). A mechanism that is
 (epsilon, delta)-DP must satisfy ``FPR * e^eps + FNR >= 1 - delta`` for every
 test, so
@@ -26,7 +32,7 @@ below a correct claim; a bound above the claim proves the claim false.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -59,6 +65,15 @@ class ScaledNoise:
 
     def add_noise(self, values: np.ndarray, sigma: float) -> np.ndarray:
         return self.inner.add_noise(values, sigma * self.factor)
+
+    def add_real_noise(self, values: np.ndarray, sigma: float) -> np.ndarray:
+        """The inner source's real-valued sampler, scaled alike (what
+        :func:`~fedqhd.privacy.release_real` calls)."""
+        add = getattr(self.inner, "add_real_noise", None)
+        if add is None:
+            raise TypeError(f"noise source {self.inner.label!r} has no real-valued sampler")
+        out: np.ndarray = add(values, sigma * self.factor)
+        return out
 
 
 def clopper_pearson_upper(k: np.ndarray | int, n: int, alpha: float) -> np.ndarray:
@@ -144,18 +159,63 @@ class AuditResult:
         return {**asdict(self), "flagged": self.flagged}
 
 
-def _statistic(families: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray],
-               direction: Mapping[str, np.ndarray], releases: int, rho: float,
-               sensitivity_l2: float, source: NoiseSource, clip_at_zero: bool) -> np.ndarray:
-    """Projection of ``releases`` noisy copies of ``families`` onto the sensitivity direction."""
+#: ``sample(m)``: the projected statistic of ``m`` fresh releases on one data set
+Sampler = Callable[[int], np.ndarray]
+
+
+def _draw(sample: Sampler, releases: int) -> np.ndarray:
+    """``releases`` statistics, drawn ``CHUNK`` at a time (memory stays bounded)."""
     out = np.empty(releases)
     for start in range(0, releases, CHUNK):
         m = min(CHUNK, releases - start)
-        batch = {k: np.broadcast_to(v, (m, v.size)).astype(np.int64) for k, v in families.items()}
-        noisy = release_counts(batch, rho, sensitivity_l2, source, clip_at_zero=clip_at_zero
-                               ).values
-        out[start:start + m] = sum((noisy[k] - base[k]) @ direction[k] for k in families)
+        out[start:start + m] = sample(m)
     return out
+
+
+def audit_statistic(sample_d: Sampler, sample_d_prime: Sampler, rho: float,
+                    sensitivity_l2: float, neighbour_l2: dict[str, float], source: NoiseSource,
+                    claim_noise: str, releases: int = 100_000, delta: float = 1e-5,
+                    confidence: float = 0.95, seed: int | None = None,
+                    clipped: bool = False) -> AuditResult:
+    """The audit of any release, given samplers of its likelihood-ratio statistic on D and D'.
+
+    Every release type shares this core (threshold on one half, Clopper-Pearson on the
+    other, the claim); only how a release is drawn and projected differs. ``claim_noise``
+    is the noise label the release's ledger entry records (it picks the claim's
+    conversion); ``source`` may be a :class:`ScaledNoise`, whose honest inner source the
+    claim is always about.
+    """
+    if releases < 100:
+        raise ValueError(f"releases = {releases}: an audit needs at least 100 per data set")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    s0 = _draw(sample_d, releases)
+    s1 = _draw(sample_d_prime, releases)
+    half = releases // 2
+    alpha = (1 - confidence) / 2  # two rates bounded: Bonferroni
+    threshold, sign = _choose_threshold(s0[:half], s1[:half], delta, alpha)
+    h0, h1 = s0[half:], s1[half:]
+    if sign == 1:
+        fp, fn = int(np.sum(h0 > threshold)), int(np.sum(h1 <= threshold))
+    else:
+        fp, fn = int(np.sum(h1 < threshold)), int(np.sum(h0 >= threshold))
+    eps_lb = max(float(epsilon_bound(fp, fn, len(h0), len(h1), delta, alpha)), 0.0)
+    conversion = conversion_for([claim_noise])
+    factor = source.factor if isinstance(source, ScaledNoise) else 1.0
+    return AuditResult(
+        rho=rho, delta=delta, confidence=confidence, releases=releases,
+        sensitivity_l2=sensitivity_l2, neighbour_l2=neighbour_l2,
+        noise=source.label, noise_scale_factor=factor, clipped=clipped,
+        threshold=threshold, direction=sign,
+        false_positives=fp, false_negatives=fn, held_out=len(h0), epsilon_lower_bound=eps_lb,
+        claimed_epsilon=epsilon_by(conversion, rho, delta), claim_conversion=conversion,
+        epsilon_exact_gaussian=epsilon_exact(rho, delta), epsilon_cks=epsilon_cks(rho, delta),
+        epsilon_opendp=epsilon_opendp(rho, delta), seed=seed)
+
+
+def _honest(source: NoiseSource) -> NoiseSource:
+    """The source a claim is about: a :class:`ScaledNoise`'s inner one."""
+    return source.inner if isinstance(source, ScaledNoise) else source
 
 
 def audit_release(counts_d: Mapping[str, np.ndarray], counts_d_prime: Mapping[str, np.ndarray],
@@ -170,10 +230,6 @@ def audit_release(counts_d: Mapping[str, np.ndarray], counts_d_prime: Mapping[st
     ``clip_at_zero`` audits the clipped output the learner sees instead of the
     mechanism's (a weaker test of the same claim).
     """
-    if releases < 100:
-        raise ValueError(f"releases = {releases}: an audit needs at least 100 per data set")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if set(counts_d) != set(counts_d_prime):
         raise ValueError("D and D' must have the same count families")
     d0, d1 = {}, {}
@@ -186,28 +242,52 @@ def audit_release(counts_d: Mapping[str, np.ndarray], counts_d_prime: Mapping[st
     direction = {k: (d1[k] - d0[k]).astype(float) for k in d0}
     if not any(v.size for v in direction.values()):
         raise ValueError("D and D' have identical counts: nothing to distinguish")
-    run = (releases, rho, sensitivity_l2, source, clip_at_zero)
-    s0 = _statistic(d0, d0, direction, *run)
-    s1 = _statistic(d1, d0, direction, *run)
-    half = releases // 2
-    alpha = (1 - confidence) / 2  # two rates bounded: Bonferroni
-    threshold, sign = _choose_threshold(s0[:half], s1[:half], delta, alpha)
-    h0, h1 = s0[half:], s1[half:]
-    if sign == 1:
-        fp, fn = int(np.sum(h0 > threshold)), int(np.sum(h1 <= threshold))
-    else:
-        fp, fn = int(np.sum(h1 < threshold)), int(np.sum(h0 >= threshold))
-    eps_lb = max(float(epsilon_bound(fp, fn, len(h0), len(h1), delta, alpha)), 0.0)
-    inner = source.inner if isinstance(source, ScaledNoise) else source
-    conversion = conversion_for([inner.label])
-    factor = source.factor if isinstance(source, ScaledNoise) else 1.0
-    return AuditResult(
-        rho=rho, delta=delta, confidence=confidence, releases=releases,
-        sensitivity_l2=sensitivity_l2,
-        neighbour_l2={k: float(np.linalg.norm(v)) for k, v in direction.items()},
-        noise=source.label, noise_scale_factor=factor, clipped=clip_at_zero,
-        threshold=threshold, direction=sign,
-        false_positives=fp, false_negatives=fn, held_out=len(h0), epsilon_lower_bound=eps_lb,
-        claimed_epsilon=epsilon_by(conversion, rho, delta), claim_conversion=conversion,
-        epsilon_exact_gaussian=epsilon_exact(rho, delta), epsilon_cks=epsilon_cks(rho, delta),
-        epsilon_opendp=epsilon_opendp(rho, delta), seed=seed)
+
+    def sampler(families: dict[str, np.ndarray]) -> Sampler:
+        def sample(m: int) -> np.ndarray:
+            batch = {k: np.broadcast_to(v, (m, v.size)).astype(np.int64)
+                     for k, v in families.items()}
+            noisy = release_counts(batch, rho, sensitivity_l2, source,
+                                   clip_at_zero=clip_at_zero).values
+            out: np.ndarray = sum((noisy[k] - d0[k]) @ direction[k] for k in families)
+            return out
+        return sample
+
+    return audit_statistic(
+        sampler(d0), sampler(d1), rho, sensitivity_l2,
+        {k: float(np.linalg.norm(v)) for k, v in direction.items()}, source,
+        _honest(source).label, releases, delta, confidence, seed, clip_at_zero)
+
+
+def audit_real_release(values_d: np.ndarray, values_d_prime: np.ndarray,
+                       release: Callable[[np.ndarray], np.ndarray], rho: float,
+                       sensitivity_l2: float, source: NoiseSource, releases: int = 100_000,
+                       delta: float = 1e-5, confidence: float = 0.95,
+                       seed: int | None = None, name: str = "values") -> AuditResult:
+    """Audit a Gaussian release of a real array at ``rho`` on two neighbouring pre-noise values.
+
+    ``release(batch)`` must add the mechanism's noise to a batch ``(m, *shape)`` of
+    copies, through the code under audit (e.g. :func:`~fedqhd.privacy.release_real`
+    with ``source``). The noise is isotropic, so the likelihood-ratio test is the
+    projection on ``values_d_prime - values_d``. ``name`` labels the neighbour distance.
+    """
+    x0 = np.asarray(values_d, dtype=float)
+    x1 = np.asarray(values_d_prime, dtype=float)
+    if x0.shape != x1.shape:
+        raise ValueError(f"D's release has shape {x0.shape}, D''s {x1.shape}")
+    direction = (x1 - x0).ravel()
+    if not np.any(direction):
+        raise ValueError("D and D' have identical releases: nothing to distinguish")
+
+    def sampler(x: np.ndarray) -> Sampler:
+        def sample(m: int) -> np.ndarray:
+            noisy = np.asarray(release(np.broadcast_to(x, (m, *x.shape))))
+            out: np.ndarray = (noisy - x0).reshape(m, -1) @ direction
+            return out
+        return sample
+
+    honest = _honest(source)
+    return audit_statistic(
+        sampler(x0), sampler(x1), rho, sensitivity_l2,
+        {name: float(np.linalg.norm(direction))}, source,
+        str(getattr(honest, "real_label", honest.label)), releases, delta, confidence, seed)
