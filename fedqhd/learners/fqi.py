@@ -484,14 +484,18 @@ def private_reply(context: Context, cfg: RunConfig) -> tuple[Arrays | None, Metr
     key = ("private", context.run_id, pid, n_parts, data_dir, cfg, node)
 
     def build() -> PrivateReadout:
-        shard = _node_shard(cfg, pid, n_parts, data_dir, node)
-        spec = get_spec(cfg.env_id)
-        return PrivateReadout(shard, shared_encoder(cfg).encode, spec.n_actions, cfg.gamma,
-                              cfg.ridge, public_reward_range(cfg), cfg.privacy_chunks,
-                              cfg.privacy_clip_norm, cfg.local_iterations)
+        return private_model(cfg, _node_shard(cfg, pid, n_parts, data_dir, node))
 
     model = _PRIVATE_READOUTS.get(key, build, (context.run_id, cfg))
     return private_readout(context, cfg, model, pid)
+
+
+def private_model(cfg: RunConfig, shard: Shard) -> PrivateReadout:
+    """A private client's readout model of ``shard`` under the run's settings (the privacy
+    audit builds its neighbouring releases with it too)."""
+    return PrivateReadout(shard, shared_encoder(cfg).encode, get_spec(cfg.env_id).n_actions,
+                          cfg.gamma, cfg.ridge, public_reward_range(cfg), cfg.privacy_chunks,
+                          cfg.privacy_clip_norm, cfg.local_iterations)
 
 
 def public_reward_range(cfg: RunConfig) -> tuple[float, float]:

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, Context
@@ -202,7 +202,18 @@ def sigma_of(sensitivity: float, rho: float) -> float:
     return sensitivity / math.sqrt(2.0 * rho)
 
 
-def release_readout(model: PrivateReadout, rho: float, source: Any,
+class Releasable(Protocol):
+    """What :func:`release_readout` reads of a model: the readout and its sensitivity
+    (:class:`PrivateReadout`; the privacy audit passes a batch of copies of a readout, to
+    draw many releases through this same code)."""
+
+    @property
+    def sensitivity(self) -> float: ...
+
+    def readout(self) -> np.ndarray: ...
+
+
+def release_readout(model: Releasable, rho: float, source: Any,
                     ledger: PrivacyLedger | None) -> np.ndarray:
     """The noisy readout (one ledger entry)."""
     out: np.ndarray = release_real(model.readout(), model.sensitivity, rho, source, ledger,
