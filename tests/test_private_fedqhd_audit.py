@@ -8,9 +8,12 @@ sample, so it only gets a small run that checks its claim (OpenDP's own map)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from fedqhd.commands.main import main
 from fedqhd.config import RunConfig
 from fedqhd.data import Shard
 from fedqhd.learners.fqi import private_model
@@ -81,3 +84,18 @@ def test_opendp_release_is_claimed_by_opendp_s_map(neighbours):
     assert res.claimed_epsilon == pytest.approx(res.epsilon_opendp)
     assert not res.flagged
 
+
+def test_cli_exit_code_and_json(tmp_path, capsys):
+    common = ["privacy", "audit", "--release", "fedqhd", "--rho", "1", "--releases", "20000",
+              "--hd-dim", "8", "--episodes", "60"]
+    assert main([*common, "--out", str(tmp_path / "ok.json")]) == 0
+    out = capsys.readouterr().out
+    assert "private FedQHD readout release" in out and "of the sensitivity 2R/m = 0.025" in out
+    assert "consistent" in out
+    assert main([*common, "--noise-scale-factor", "0.1", "--out", str(tmp_path / "bad.json")]) == 1
+    out = capsys.readouterr().out
+    assert "FLAGGED" in out and "claimed epsilon (exact-gaussian): 6.573" in out
+    bad = json.loads((tmp_path / "bad.json").read_text())
+    assert bad["flagged"] and bad["release"] == "fedqhd" and bad["neighbours"] == "add"
+    assert bad["chunks"] == 4 and bad["episodes_d"] + 1 <= 60
+    assert main([*common, "--clipped"]) == 2  # POOL's option: refused, not ignored

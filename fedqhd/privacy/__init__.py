@@ -11,8 +11,8 @@
   refusal of releases beyond the budget, JSON round trip.
 * :mod:`.store` -- a node's ledgers on disk, one per data fingerprint, so the
   budget holds across runs and restarts.
-* :mod:`.audit` -- an empirical epsilon lower bound of a Gaussian count release
-  (``fedqhd privacy audit``), to refute a broken mechanism.
+* :mod:`.audit` -- an empirical epsilon lower bound of a Gaussian release (POOL's counts,
+  private FedQHD's readout; ``fedqhd privacy audit``), to refute a broken mechanism.
 """
 
 from fedqhd.privacy.ledger import (
