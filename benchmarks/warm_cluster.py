@@ -33,14 +33,13 @@ import urllib.request
 from pathlib import Path
 
 from fedqhd.studies.netns import netns_of, stop_namespace
-from fedqhd.studies.scale import timed_lines
+from fedqhd.studies.scale import GIB, PeakMemory, timed_lines, tree_rss
 
 BIN = Path(sys.executable).parent
 PROJECT = Path(__file__).resolve().parents[1]
 RUN_CONFIG = "protocol='online' env-id='CartPole-v1' encoder='heterogeneous' seed=42"
-FEDERATION = "num-supernodes=5 client-resources-num-cpus=1"
 INNER = "FEDQHD_WARM_CLUSTER_INNER"
-COMMON = ["--block", "--object-store-memory", "100000000", "--disable-usage-stats"]
+COMMON = ["--block", "--disable-usage-stats"]
 HEAD = [str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.2", "--port", "6379",
         "--resources", '{"head": 1}', "--include-dashboard", "false",
         "--node-manager-port", "6380", "--object-manager-port", "6381",
@@ -121,17 +120,29 @@ def healthy() -> bool:
         return False
 
 
-def one_run(i: int, env: dict[str, str], out: Path) -> dict:
+def one_run(i: int, env: dict[str, str], out: Path, args: argparse.Namespace,
+            roots: list[int]) -> dict:
+    """Run ``i``; ``roots``: the cluster's and the SuperLink's processes, whose trees'
+    CPU seconds during the run are split by process name."""
     run_out = out / f"run-{i}"
     cmd = [str(BIN / "flwr"), "run", str(PROJECT), "ray-cluster", "--stream",
-           "--federation-config", FEDERATION, "--run-config",
-           f"{RUN_CONFIG} verbose=true output-dir='{run_out}'"]
+           "--federation-config",
+           f"num-supernodes={args.supernodes} client-resources-num-cpus=1", "--run-config",
+           f"{args.run_config} verbose=true output-dir='{run_out}'"]
     before = load()
+    cpu_before: dict[int, float] = {}
+    tree_rss(roots, cpu=cpu_before)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=PROJECT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    lines = timed_lines(proc, t0, timeout=600)
+    with PeakMemory() as mem:
+        mem.pids = roots
+        proc = subprocess.Popen(cmd, cwd=PROJECT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        lines = timed_lines(proc, t0, timeout=args.timeout)
     wall = time.perf_counter() - t0
+    cpu_by_name: dict[str, float] = {}
+    for pid, used in mem.cpu.items():
+        name = mem.names.get(pid, "?")
+        cpu_by_name[name] = cpu_by_name.get(name, 0.0) + used - cpu_before.get(pid, 0.0)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"run-{i}.log").write_text("".join(f"{t:7.2f} | {x}" for t, x in lines))
     results = sorted(run_out.glob("*/*/results.json"))
@@ -142,7 +153,8 @@ def one_run(i: int, env: dict[str, str], out: Path) -> dict:
         return next((round(t, 2) for t, x in lines if marker in x), None)
 
     data = json.loads(results[-1].read_text())
-    rounds = data["rounds"][-1]["wall-time-s"]
+    walls = [r["wall-time-s"] for r in data["rounds"]]
+    rounds = walls[-1]
     start = first("[ROUND 1/")
     assert start is not None, "no [ROUND 1/ line"
     return {"run": i, "load-before": before, "wall-s": round(wall, 2),
@@ -152,7 +164,11 @@ def one_run(i: int, env: dict[str, str], out: Path) -> dict:
             "simulation-s": first("Starting Flower Simulation"),
             "strategy-s": first("Starting FedQHD"),
             "first-clientapp-s": first("ClientApp process under Ray"),
-            "round-1-s": data["rounds"][0]["wall-time-s"],
+            "round-s": [round(b - a, 2) for a, b in zip([0.0, *walls[:-1]], walls,
+                                                          strict=True)],
+            "cpu-by-process-s": {k: round(v, 1) for k, v in
+                                 sorted(cpu_by_name.items(), key=lambda kv: -kv[1])},
+            "peak-rss-gib": round(mem.peak / GIB, 3),
             "return-mean": data["final"]["return-mean"]}
 
 
@@ -180,10 +196,11 @@ def inner(args: argparse.Namespace) -> int:
     try:
         t0 = time.perf_counter()
         cpus = "1" if args.nodes == 2 else "2"
-        start([*HEAD, "--temp-dir", str(tmp / "head"), "--num-cpus", cpus, *COMMON], "head.log")
+        common = [*COMMON, "--object-store-memory", str(args.object_store_mib << 20)]
+        start([*HEAD, "--temp-dir", str(tmp / "head"), "--num-cpus", cpus, *common], "head.log")
         wait_for(lambda: ray_nodes(env) >= 1, "Ray head")
         if args.nodes == 2:
-            start([*WORKER, "--temp-dir", str(tmp / "worker"), "--num-cpus", "1", *COMMON],
+            start([*WORKER, "--temp-dir", str(tmp / "worker"), "--num-cpus", "1", *common],
                   "worker.log")
             wait_for(lambda: ray_nodes(env) >= 2, "Ray worker")
         report["cluster-up-s"] = round(time.perf_counter() - t0, 2)
@@ -198,8 +215,9 @@ def inner(args: argparse.Namespace) -> int:
         report["superlink-up-s"] = round(time.perf_counter() - t1, 2)
         print(f"cluster ({args.nodes} node(s)) up in {report['cluster-up-s']} s, SuperLink "
               f"in {report['superlink-up-s']} s", flush=True)
+        roots = [p.pid for p in started]
         for i in range(1, args.runs + 1):
-            row = one_run(i, env, out)
+            row = one_run(i, env, out, args, roots)
             report["runs"].append(row)
             print(json.dumps(row), flush=True)
     finally:
@@ -223,6 +241,13 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, choices=(1, 2), default=2)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default="/tmp/warm-cluster")
+    parser.add_argument("--supernodes", type=int, default=5, help="SuperNodes (clients)")
+    parser.add_argument("--run-config", default=RUN_CONFIG,
+                        help="the runs' --run-config (default: online heterogeneous CartPole)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take")
+    parser.add_argument("--object-store-mib", type=int, default=96,
+                        help="each node's Ray object store (docs/deployment.md: 96 MiB; the "
+                             "online run's states spill to disk below about 500)")
     parser.add_argument("--poll", type=float, default=0.0,
                         help="the SuperExec's task poll interval, s (Flower's default 1.0)")
     args = parser.parse_args()

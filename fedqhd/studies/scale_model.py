@@ -1,0 +1,227 @@
+"""The scale model of ``docs/scale.md``: what one round of the offline app costs, per
+message and per reply, measured in process, and the round time it predicts for N
+clients on P actor CPUs.
+
+Why a model: a round at 10^5-10^6 clients cannot be run here, but its parts can. A round
+of the offline app (shared encoder, FedQHDAvg, ADMM: the README's defaults) sends each
+sampled node one train message; the server evaluates the global readout itself. So:
+
+* **client, per message** (CPU s): ``c_hit`` when the node's learner is in the serving
+  process's cache (an ADMM step and a few sweeps on its encoded shard), ``c_build`` when
+  it is not (the learner rebuilt from the process's shard cache: the shard encoded, its
+  Gram formed), measured with node config ``learner-cache-mib = 0``;
+* **node bytes**: the cached learner's arrays; a process keeps ``K = budget / bytes``
+  nodes (admission, not LRU: :mod:`fedqhd.learners.cache`), so with N nodes spread at
+  random over actors a message hits with probability ``h = min(1, K / N)``;
+* **bytes on the wire**, per message and per reply (their arrays);
+* **server, per reply** (CPU s): the ServerApp's own work (building messages, robust
+  aggregation, the ADMM consensus), ``s_app``, and a fixed part per round (its greedy
+  evaluation), both from in-process runs at two N; Flower's simulation engine adds
+  ``s_flower`` per message (link state, the Ray call, (de)serialisation), measured once
+  on a cluster from the ``flwr-simulation`` process's CPU.
+
+Clients and the server's process work at the same time (the windowed grid keeps actors
+fed while replies are pulled), so a later round takes
+
+    T(N, P) = max(N c(N) / P, N (s_app + s_flower)) + t_fixed,
+    c(N) = c_hit + (1 - h) (c_build - c_hit) + c_flower
+
+(``c_flower``: the Ray actor's own per-message work, also from the cluster run)
+
+and the server's process is the bottleneck once ``P > c(N) / (s_app + s_flower)``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+#: the README's defaults, which the model describes (the app's offline protocol)
+BASE_CONFIG: dict[str, Any] = {"protocol": "offline", "eval-episodes": 3, "seed": 0}
+N_ACTIONS = {"CartPole-v1": 2, "Acrobot-v1": 3, "LunarLander-v3": 4}
+
+
+@dataclass
+class Point:
+    """One in-process measurement: ``clients`` nodes of ``env_id`` at ``dim`` features."""
+
+    env_id: str
+    dim: int
+    n_actions: int
+    clients: int
+    rounds: int
+    cached: bool  #: learner-cache-mib at its default (True) or 0 (every message builds)
+    client_s: float  #: CPU s per train message after round 1 (mean)
+    server_s_per_round: float  #: the ServerApp's CPU s per later round (not the clients')
+    message_bytes: float  #: arrays sent to a node per train message (mean)
+    reply_bytes: float  #: arrays in its reply (mean)
+    node_bytes: float  #: a cached learner's arrays (mean over the process's nodes)
+    wall_s: float
+
+
+def _array_bytes(content: Any) -> int:
+    return sum(len(arr.data) for rec in content.array_records.values() for arr in rec.values())
+
+
+def measure(env_id: str, dim: int, clients: int, rounds: int = 3,
+            cached: bool = True) -> Point:
+    """Run ``clients`` nodes for ``rounds`` rounds in THIS process (call it in a fresh one:
+    :func:`measure_in_child`) and time every message; round 1 (the shards' generation and
+    first build) is left out of the per-message means."""
+    import tempfile
+
+    from fedqhd.client.app import app as client_app
+    from fedqhd.learners import fqi, parse_run_config
+    from fedqhd.server.app import run_federation
+    from fedqhd.server.inprocess import InProcessGrid
+
+    out = Path(tempfile.mkdtemp(prefix="fedqhd-scale-model-"))
+    cfg = parse_run_config({**BASE_CONFIG, "env-id": env_id, "hd-dim": dim,
+                            "num-server-rounds": rounds, "output-dir": str(out)})
+    node_cfg = [{} if cached else {"learner-cache-mib": 0}] * clients
+    grid = InProcessGrid([client_app] * clients, run_config=cfg.to_run_config(),
+                         node_configs=node_cfg)
+    per_round: list[dict[str, float]] = []
+    handle = grid._handle
+
+    def timed(msg: Any) -> Any:
+        t0 = time.process_time()
+        reply = handle(msg)
+        row = per_round[-1]
+        row["client"] += time.process_time() - t0
+        row["messages"] += 1
+        row["in"] += _array_bytes(msg.content)
+        row["out"] += _array_bytes(reply.content) if reply.has_content() else 0
+        return reply
+
+    grid._handle = timed  # type: ignore[method-assign]
+    calls = grid.send_and_receive
+
+    def round_call(messages: Any, *, timeout: float | None = None) -> Any:
+        # every call of the offline avg run is one round's train messages
+        now = time.process_time()
+        if per_round:
+            per_round[-1]["end"] = now
+        per_round.append({"start": now, "end": now, "client": 0.0, "messages": 0,
+                          "in": 0.0, "out": 0.0})
+        return calls(messages, timeout=timeout)
+
+    grid.send_and_receive = round_call  # type: ignore[method-assign]
+    wall0 = time.perf_counter()
+    run_federation(grid, cfg)
+    end = time.process_time()
+    wall = time.perf_counter() - wall0
+    per_round[-1]["end"] = end
+    later = per_round[1:]
+    msgs = sum(r["messages"] for r in later)
+    cache = fqi._NODE_LEARNERS  # each entry: (learner, shard), with its array bytes
+    return Point(env_id=env_id, dim=dim, n_actions=N_ACTIONS[env_id], clients=clients,
+                 rounds=rounds, cached=cached,
+                 client_s=sum(r["client"] for r in later) / msgs,
+                 server_s_per_round=sum(r["end"] - r["start"] - r["client"] for r in later)
+                 / len(later),
+                 message_bytes=sum(r["in"] for r in later) / msgs,
+                 reply_bytes=sum(r["out"] for r in later) / msgs,
+                 node_bytes=cache.used / len(cache.entries) if cache.entries else 0.0,
+                 wall_s=round(wall, 2))
+
+
+def measure_in_child(env_id: str, dim: int, clients: int, rounds: int = 3,
+                     cached: bool = True) -> Point:
+    """:func:`measure` in a fresh Python process (empty caches, one BLAS thread)."""
+    code = ("import json, sys; from dataclasses import asdict; "
+            "from fedqhd.studies.scale_model import measure; "
+            "print(json.dumps(asdict(measure(*json.loads(sys.argv[1])))))")
+    env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    import os
+    done = subprocess.run([sys.executable, "-c", code,
+                           json.dumps([env_id, dim, clients, rounds, cached])],
+                          capture_output=True, text=True, env={**os.environ, **env})
+    if done.returncode != 0:
+        raise RuntimeError(f"measurement failed:\n{done.stderr[-3000:]}")
+    return Point(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+@dataclass
+class Model:
+    """The fitted model of one configuration (env, D)."""
+
+    c_hit: float  #: client CPU s per message, learner cached
+    c_build: float  #: client CPU s per message, learner rebuilt
+    node_bytes: float
+    cache_bytes: float  #: a process's learner cache (node config learner-cache-mib)
+    s_app: float  #: the ServerApp's CPU s per reply
+    t_fixed: float  #: the ServerApp's CPU s per round that does not grow with N
+    s_flower: float = 0.0  #: Flower's simulation engine, CPU s per message (a cluster run)
+    c_flower: float = 0.0  #: a Ray actor's own work, CPU s per message (a cluster run)
+    message_bytes: float = 0.0
+    reply_bytes: float = 0.0
+
+    def hit_rate(self, n: int) -> float:
+        return min(1.0, (self.cache_bytes / self.node_bytes) / n) if self.node_bytes else 1.0
+
+    def client_s(self, n: int) -> float:
+        return (self.c_hit + (1 - self.hit_rate(n)) * (self.c_build - self.c_hit)
+                + self.c_flower)
+
+    def server_s(self, n: int) -> float:
+        return n * (self.s_app + self.s_flower)
+
+    def round_s(self, n: int, cpus: int) -> float:
+        """A later round's wall time, N clients on ``cpus`` actor CPUs."""
+        return max(n * self.client_s(n) / cpus, self.server_s(n)) + self.t_fixed
+
+    def server_bound_cpus(self, n: int) -> float:
+        """Actor CPUs beyond which the server's process sets the round time."""
+        return self.client_s(n) / (self.s_app + self.s_flower)
+
+    def server_reply_memory(self, n: int) -> float:
+        """Bytes of one round's replies, all held by the ServerApp until it aggregates."""
+        return n * self.reply_bytes
+
+
+def fit(small: Point, large: Point, build: Point, cache_mib: int = 1024) -> Model:
+    """The model from two cached runs at different N (the server's per-reply slope and
+    fixed part) and one run with every learner rebuilt (``c_build``)."""
+    if small.clients == large.clients:
+        raise ValueError("the server's slope needs two different numbers of clients")
+    slope = ((large.server_s_per_round - small.server_s_per_round)
+             / (large.clients - small.clients))
+    fixed = small.server_s_per_round - slope * small.clients
+    return Model(c_hit=(small.client_s + large.client_s) / 2, c_build=build.client_s,
+                 node_bytes=large.node_bytes, cache_bytes=float(cache_mib << 20),
+                 s_app=max(slope, 0.0), t_fixed=max(fixed, 0.0),
+                 message_bytes=large.message_bytes, reply_bytes=large.reply_bytes)
+
+
+def calibrate(model: Model, clients: int, short: dict[str, Any], long: dict[str, Any]
+              ) -> Model:
+    """``s_flower`` and ``c_flower`` from two runs on a cluster that differ only in their
+    rounds (rows of ``benchmarks/warm_cluster.py``'s report, offline app, ``clients`` nodes,
+    one train message each a round): the CPU seconds the ``flwr-simulation`` process and
+    the actors spent in the long run's extra (later) rounds, beyond the in-process model's
+    server and client work. The difference leaves out Ray's start-up, the imports and
+    round 1's builds, which both runs pay alike."""
+    extra = len(long["round-s"]) - len(short["round-s"])
+    if extra <= 0:
+        raise ValueError("the long run needs more rounds than the short one")
+    messages = clients * extra
+
+    def per_message(name: str) -> float:
+        return (long["cpu-by-process-s"].get(name, 0.0)
+                - short["cpu-by-process-s"].get(name, 0.0)) / messages
+
+    base = model.client_s(clients) - model.c_flower
+    model.c_flower = max(per_message("ray::ClientAppActor") - base, 0.0)
+    model.s_flower = max(per_message("flwr-simulation") - model.s_app
+                         - model.t_fixed / clients, 0.0)
+    return model
+
+
+def as_dict(model: Model) -> dict[str, Any]:
+    return asdict(model)
