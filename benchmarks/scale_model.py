@@ -3,13 +3,13 @@ cluster, predict rounds at 10^4-10^6 clients and check one prediction.
 
     # 1. in process: per-message client CPU (learner cached / rebuilt), bytes, server CPU
     OMP_NUM_THREADS=1 python benchmarks/scale_model.py measure --out OUT
-    # 2. on the 2-node cluster, the offline app at 1000 clients, 2 and 4 rounds, then 10,000
+    # 2. on the 2-node cluster, the offline app at 1000 clients, then at 10,000
     python benchmarks/warm_cluster.py --nodes 2 --runs 1 --supernodes 1000 \\
-        --run-config "num-server-rounds=2 eval-episodes=3 seed=0" --out OUT/c2
-    #    (likewise num-server-rounds=4 into OUT/c4, and 10000 clients into OUT/c10k)
-    # 3. calibrate on the two 1000-client runs, predict, and check the 10,000-client round
-    python benchmarks/scale_model.py predict --out OUT --short OUT/c2/report.json \\
-        --long OUT/c4/report.json --check OUT/c10k/report.json
+        --run-config "num-server-rounds=3 eval-episodes=3 seed=0" --out OUT/c1000
+    #    (likewise --supernodes 10000 --timeout 1400 into OUT/c10k)
+    # 3. calibrate on the 1000-client run, predict, and check the 10,000-client rounds
+    python benchmarks/scale_model.py predict --out OUT --calibration OUT/c1000/report.json \\
+        --check OUT/c10k/report.json
 
 Every number ``predict`` prints comes from ``OUT/points.json`` and the reports; it
 writes ``OUT/model.json``.
@@ -25,7 +25,7 @@ from pathlib import Path
 from fedqhd.studies.scale_model import Model, Point, calibrate, fit, measure_in_child
 
 DIMS = (500, 1000, 2000, 4000)
-SMALL, LARGE = 20, 80
+SMALL, LARGE = 20, 200
 
 
 def measure(out: Path) -> None:
@@ -55,35 +55,49 @@ def _model(out: Path, env_id: str, dim: int) -> Model:
     return fit(cached[0], cached[-1], build)
 
 
+def _later(run: dict, clients: int) -> tuple[float, float, float]:
+    """(wall s, actor CPU s per message, server CPU s per message) of a report row's
+    later rounds."""
+    later, walls = run["round-cpu-s"][1:], run["round-s"][1:]
+    msgs = clients * len(later)
+    return (sum(walls) / len(walls),
+            sum(r.get("ray::ClientAppActor", 0.0) for r in later) / msgs,
+            sum(r.get("flwr-simulation", 0.0) for r in later) / msgs)
+
+
 def predict(args: argparse.Namespace) -> None:
     out = Path(args.out)
     model = _model(out, args.env, args.dim)
-    short = json.loads(Path(args.short).read_text())["runs"][0]
-    long = json.loads(Path(args.long).read_text())["runs"][0]
-    calibrate(model, args.clients, short, long)
+    run = json.loads(Path(args.calibration).read_text())["runs"][0]
+    calibrate(model, args.clients, run, args.cpus, args.cpus)
     (out / "model.json").write_text(json.dumps(asdict(model), indent=1))
     ms = {k: round(v * 1e3, 3) for k, v in asdict(model).items()
           if k in ("c_hit", "c_build", "c_flower", "s_app", "s_flower")}
     print(f"model ({args.env}, D {args.dim}), ms per message: {ms}; fixed "
-          f"{model.t_fixed:.3f} s a round; node {model.node_bytes / 1e6:.2f} MB, "
-          f"{model.cache_bytes / model.node_bytes:.0f} nodes per process cache")
-    print(f"\n{'clients':>9} {'actor CPUs':>10} {'round s':>9} {'bound':>7} "
-          f"{'server-bound beyond':>19} {'replies held GB':>15}")
-    for n in (10_000, 100_000, 1_000_000):
-        for cpus in (2, 16, 64, 256):
-            t = model.round_s(n, cpus)
-            bound = "server" if model.server_s(n) > n * model.client_s(n) / cpus else "actors"
-            print(f"{n:>9} {cpus:>10} {t:>9.1f} {bound:>7} "
-                  f"{model.server_bound_cpus(n):>19.1f} "
-                  f"{model.server_reply_memory(n) / 1e9:>15.2f}")
+          f"{model.t_fixed:.3f} s a round; utilisation {model.utilisation:.2f}; node "
+          f"{model.node_bytes / 1e6:.2f} MB, {model.cache_bytes / model.node_bytes:.0f} "
+          f"nodes per process cache; message / reply {model.message_bytes / 1e3:.1f} / "
+          f"{model.reply_bytes / 1e3:.1f} KB")
     if args.check:
         run = json.loads(Path(args.check).read_text())["runs"][0]
-        measured = run["round-s"][1:]
-        later = sum(measured) / len(measured)
-        predicted = model.round_s(args.check_clients, args.cpus)
-        print(f"\ncheck: {args.check_clients} clients on {args.cpus} actor CPUs, later "
-              f"rounds measured {', '.join(f'{r:.1f}' for r in measured)} s (mean "
-              f"{later:.1f}); predicted {predicted:.1f} s: {predicted / later - 1:+.1%}")
+        n = args.check_clients
+        wall, actors, server = _later(run, n)
+        predicted = model.round_s(n, args.cpus, args.cpus)
+        print(f"\ncheck, {n} clients on {args.cpus} actor CPUs sharing {args.cpus} cores: "
+              f"later rounds {', '.join(f'{r:.1f}' for r in run['round-s'][1:])} s, "
+              f"predicted {predicted:.1f} s ({predicted / wall - 1:+.1%}); actor CPU per "
+              f"message {actors * 1e3:.2f} ms (predicted {model.client_s(n) * 1e3:.2f}), "
+              f"server's {server * 1e3:.2f} ms (predicted {model.server_s() * 1e3:.2f})")
+    print(f"\nthe server on its own machine, actors on P CPUs:\n{'clients':>9} "
+          f"{'P':>5} {'round s':>9} {'bound':>7} {'server-bound beyond P':>21} "
+          f"{'replies held GB':>15}")
+    for n in (10_000, 100_000, 1_000_000):
+        for cpus in (2, 16, 64, 256):
+            bound = ("server" if n * model.server_s() > n * model.client_s(n) / cpus
+                     else "actors")
+            print(f"{n:>9} {cpus:>5} {model.round_s(n, cpus):>9.1f} {bound:>7} "
+                  f"{model.server_bound_cpus(n):>21.1f} "
+                  f"{model.server_reply_memory(n) / 1e9:>15.2f}")
 
 
 def main() -> None:
@@ -95,9 +109,9 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--env", default="CartPole-v1")
     p.add_argument("--dim", type=int, default=2000)
-    p.add_argument("--short", required=True, help="cluster report, fewer rounds")
-    p.add_argument("--long", required=True, help="cluster report, more rounds")
-    p.add_argument("--clients", type=int, default=1000, help="clients of the two runs")
+    p.add_argument("--calibration", required=True,
+                   help="warm_cluster.py report of the calibration run (>= 2 rounds)")
+    p.add_argument("--clients", type=int, default=1000, help="its clients")
     p.add_argument("--check", help="cluster report of the run to predict")
     p.add_argument("--check-clients", type=int, default=10_000)
     p.add_argument("--cpus", type=int, default=2, help="the cluster's actor CPUs")

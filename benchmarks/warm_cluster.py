@@ -133,7 +133,7 @@ def one_run(i: int, env: dict[str, str], out: Path, args: argparse.Namespace,
     cpu_before: dict[int, float] = {}
     tree_rss(roots, cpu=cpu_before)
     t0 = time.perf_counter()
-    with PeakMemory() as mem:
+    with PeakMemory(series=True) as mem:
         mem.pids = roots
         proc = subprocess.Popen(cmd, cwd=PROJECT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
@@ -153,6 +153,21 @@ def one_run(i: int, env: dict[str, str], out: Path, args: argparse.Namespace,
         return next((round(t, 2) for t, x in lines if marker in x), None)
 
     data = json.loads(results[-1].read_text())
+    # CPU seconds by process name between the "[ROUND k/" lines (the last: to the end of
+    # the strategy's rounds);
+    # processes that ran before the run (the cluster's) count from their level at its start
+    marks = [t for t, x in lines if "[ROUND " in x and "/" in x.split("[ROUND ", 1)[1]]
+    assert mem.series is not None
+
+    def cpu_at(t: float) -> dict[str, float]:
+        return next((c for s, c in mem.series if s >= t), mem.series[-1][1])
+
+    done = next((t for t, x in lines if "Strategy execution finished" in x), wall)
+    round_cpu = []
+    for a, b in zip(marks, [*marks[1:], done], strict=True):
+        lo, hi = cpu_at(a), cpu_at(b)
+        round_cpu.append({k: round(v - lo.get(k, 0.0), 1) for k, v in hi.items()
+                          if v - lo.get(k, 0.0) >= 0.1})
     walls = [r["wall-time-s"] for r in data["rounds"]]
     rounds = walls[-1]
     start = first("[ROUND 1/")
@@ -168,6 +183,7 @@ def one_run(i: int, env: dict[str, str], out: Path, args: argparse.Namespace,
                                                           strict=True)],
             "cpu-by-process-s": {k: round(v, 1) for k, v in
                                  sorted(cpu_by_name.items(), key=lambda kv: -kv[1])},
+            "round-cpu-s": round_cpu,
             "peak-rss-gib": round(mem.peak / GIB, 3),
             "return-mean": data["final"]["return-mean"]}
 

@@ -22,6 +22,7 @@ from fedqhd.learners import fqi
 from fedqhd.learners.cache import BoundedCache, array_bytes
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
+from fedqhd.server.simindex import index_messages, simulation_state
 from fedqhd.server.window import WindowedGrid, for_simulation
 
 
@@ -232,35 +233,6 @@ def test_float32_features_halve_a_learner_and_move_the_readout_little(tmp_path):
     assert 0 < moved < 1e-5
 
 
-def _simulation_state(nodes: int, indexed: bool):
-    """Flower's simulation link state and grid as ``flwr-simulation`` builds them."""
-    from flwr.proto.task_pb2 import Task  # pylint: disable=E0611
-    from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
-    from flwr.server.superlink.linkstate import LinkStateFactory
-    from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
-    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
-    from flwr.supercore.object_store import ObjectStoreFactory
-    from flwr.supercore.run import Run
-    from flwr.superlink.federation import NoOpFederationManager
-    from flwr.superlink.grid import InMemoryGrid
-
-    from fedqhd.server.simindex import index_messages
-
-    factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(),
-                               ObjectStoreFactory())
-    state = factory.state()
-    run = Run.create_empty(run_id=7)
-    run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
-    state.run_ids[7] = RunRecord(run=run)
-    state.task_store[1] = Task(task_id=1, run_id=7)
-    mapping = _register_nodes(num_nodes=nodes, state_factory=factory)
-    grid = InMemoryGrid(state_factory=factory)
-    grid.set_run(run)
-    if indexed:
-        assert index_messages(state) and index_messages(state)  # idempotent
-    return state, grid, list(mapping)
-
-
 def test_the_node_index_hands_the_engine_the_messages_flowers_scan_does(monkeypatch):
     """The engine's poll (get_message_ins per node, limit 1) picks the same messages in
     the same order, marks them delivered, and drops expired ones, with or without the
@@ -274,7 +246,9 @@ def test_the_node_index_hands_the_engine_the_messages_flowers_scan_does(monkeypa
         monkeypatch.setattr(TaskIdentity, name, value)  # Messages need the ServerApp's
     picked = {}
     for indexed in (False, True):
-        state, grid, nodes = _simulation_state(6, indexed)
+        state, grid, nodes = simulation_state(6, indexed)
+        if indexed:
+            assert index_messages(state)  # idempotent: installed once
         log = []
 
         def push(dsts, ttl=None, grid=grid, nodes=nodes):

@@ -39,27 +39,34 @@ def test_fit_takes_the_server_slope_and_fixed_part_from_two_sizes() -> None:
 
 def test_round_time_hit_rate_and_the_server_bound() -> None:
     model = Model(c_hit=0.002, c_build=0.010, node_bytes=1e6, cache_bytes=1e9,
-                  s_app=0.0005, t_fixed=0.1)
+                  s_app=0.0005, t_fixed=0.1, reply_bytes=32e3)
     assert model.hit_rate(500) == 1.0 and model.hit_rate(10_000) == pytest.approx(0.1)
-    # 10,000 clients: 10 % hit -> 0.0092 s a message; 2 actors: 46 s, server 5 s
-    assert model.round_s(10_000, 2) == pytest.approx(10_000 * 0.0092 / 2 + 0.1)
+    # 10,000 clients: 10 % hit -> 9.2 ms a message; 2 actors: 46 s, the server 5.1 s
+    assert model.round_s(10_000, 2) == pytest.approx(10_000 * 0.0092 / 2)
+    # sharing 2 cores with the server's process: both CPU loads on the same cores
+    assert model.round_s(10_000, 2, cores=2) == pytest.approx(
+        (10_000 * 0.0092 + 10_000 * 0.0005 + 0.1) / 2)
     # enough actors and the server's process sets the pace
     assert model.round_s(10_000, 1000) == pytest.approx(10_000 * 0.0005 + 0.1)
     assert model.server_bound_cpus(10_000) == pytest.approx(0.0092 / 0.0005)
-    assert model.server_reply_memory(10 ** 6) == 0.0  # no reply size given
+    assert model.server_reply_memory(10 ** 6) == pytest.approx(32e9)
+    model.utilisation = 0.5  # a round that reaches half the CPU bound takes twice as long
+    assert model.round_s(10_000, 2) == pytest.approx(10_000 * 0.0092)
 
 
-def test_calibrate_charges_the_cluster_runs_extra_rounds_beyond_the_model() -> None:
+def test_calibrate_charges_the_cluster_runs_later_rounds_beyond_the_model() -> None:
     model = Model(c_hit=0.002, c_build=0.010, node_bytes=1e6, cache_bytes=1e12,
                   s_app=0.0005, t_fixed=0.1)
-    short = {"round-s": [5.0, 2.0], "cpu-by-process-s": {"ray::ClientAppActor": 20.0,
-                                                         "flwr-simulation": 4.0}}
-    # two more rounds of 1000 messages: actors 2 ms (the model) + 1 ms each; server 2.6 ms
-    long = {"round-s": [5.0, 2.0, 2.0, 2.0],
-            "cpu-by-process-s": {"ray::ClientAppActor": 20.0 + 2000 * 0.003,
-                                 "flwr-simulation": 4.0 + 2000 * 0.0026}}
-    calibrate(model, 1000, short, long)
+    # later rounds of 1000 messages: actors 2 ms (the model) + 1 ms each, the server's
+    # process 2.6 ms; 3.5 s each, where the 2 shared cores allow (3.0 + 2.6) / 2 = 2.8 s
+    run = {"round-s": [9.0, 3.5, 3.5],
+           "round-cpu-s": [{"ray::ClientAppActor": 20.0, "flwr-simulation": 9.0},
+                           {"ray::ClientAppActor": 3.0, "flwr-simulation": 2.6},
+                           {"ray::ClientAppActor": 3.0, "flwr-simulation": 2.6}]}
+    calibrate(model, 1000, run, cpus=2, cores=2)
     assert model.c_flower == pytest.approx(0.001)
     assert model.s_flower == pytest.approx(0.0026 - 0.0005 - 0.1 / 1000)
-    with pytest.raises(ValueError, match="more rounds"):
-        calibrate(model, 1000, long, short)
+    assert model.utilisation == pytest.approx(2.8 / 3.5)
+    assert model.round_s(1000, 2, cores=2) == pytest.approx(3.5)  # reproduces its run
+    with pytest.raises(ValueError, match="at least two rounds"):
+        calibrate(model, 1000, {"round-s": [9.0], "round-cpu-s": [{}]}, cpus=2, cores=2)

@@ -98,3 +98,33 @@ def index_messages(state: Any) -> bool:
         target._fedqhd_index = by_node
     log(INFO, "fedqhd: simulation link state indexed by node (sim-index)")
     return True
+
+
+def simulation_state(nodes: int, indexed: bool = True) -> tuple[Any, Any, list[int]]:
+    """Flower's simulation link state and grid as ``flwr-simulation`` builds them (flwr
+    1.42): ``nodes`` registered nodes, one run; with ``indexed``, the state indexed. For
+    tests of the index and the scale model's poll cost
+    (:func:`fedqhd.studies.scale_model.poll_cost`). Returns (state, grid, node ids)."""
+    from flwr.proto.task_pb2 import Task  # pylint: disable=E0611
+    from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
+    from flwr.server.superlink.linkstate import LinkStateFactory
+    from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supercore.run import Run
+    from flwr.superlink.federation import NoOpFederationManager
+    from flwr.superlink.grid import InMemoryGrid
+
+    factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(),
+                               ObjectStoreFactory())
+    state = factory.state()
+    run = Run.create_empty(run_id=7)
+    run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
+    state.run_ids[7] = RunRecord(run=run)
+    state.task_store[1] = Task(task_id=1, run_id=7)
+    mapping = _register_nodes(num_nodes=nodes, state_factory=factory)
+    grid = InMemoryGrid(state_factory=factory)
+    grid.set_run(run)
+    if indexed:
+        index_messages(state)
+    return state, grid, list(mapping)

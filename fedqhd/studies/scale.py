@@ -125,8 +125,12 @@ class PeakMemory:
     machine runs. With ``limit``, a tree that goes above it is killed, every process by
     its pid (Ray's processes are in another process group than the SuperLink's)."""
 
-    def __init__(self, interval: float = 0.2, limit: int | None = None) -> None:
+    def __init__(self, interval: float = 0.2, limit: int | None = None,
+                 series: bool = False) -> None:
         self.pids: list[int] = []
+        #: with ``series``: (seconds since start, CPU seconds so far by process name) at
+        #: every sample, to split a run's CPU between its rounds
+        self.series: list[tuple[float, dict[str, float]]] | None = [] if series else None
         self.limit = limit  #: bytes; above it every process of the tree is killed by pid
         self.exceeded = 0  #: the total that went above ``limit`` (0: never)
         self.peak = 0
@@ -153,6 +157,8 @@ class PeakMemory:
                         self.names[pid] = name
                         self.timeline.append((round(time.perf_counter() - self.t0, 1),
                                               pid, name))
+                if self.series is not None:
+                    self.series.append((time.perf_counter() - self.t0, self.cpu_by_name()))
                 if total > self.peak:
                     self.peak, self.at_peak = total, split
                 if self.limit is not None and total > self.limit and not self.exceeded:

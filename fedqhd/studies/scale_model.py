@@ -9,7 +9,8 @@ sampled node one train message; the server evaluates the global readout itself. 
 * **client, per message** (CPU s): ``c_hit`` when the node's learner is in the serving
   process's cache (an ADMM step and a few sweeps on its encoded shard), ``c_build`` when
   it is not (the learner rebuilt from the process's shard cache: the shard encoded, its
-  Gram formed), measured with node config ``learner-cache-mib = 0``;
+  Gram formed), measured with node config ``learner-cache-mib = 0`` and every shard kept
+  (a shard is ~10 KB: 1/8 of the budget holds 10^4 of them);
 * **node bytes**: the cached learner's arrays; a process keeps ``K = budget / bytes``
   nodes (admission, not LRU: :mod:`fedqhd.learners.cache`), so with N nodes spread at
   random over actors a message hits with probability ``h = min(1, K / N)``;
@@ -21,14 +22,17 @@ sampled node one train message; the server evaluates the global readout itself. 
   on a cluster from the ``flwr-simulation`` process's CPU.
 
 Clients and the server's process work at the same time (the windowed grid keeps actors
-fed while replies are pulled), so a later round takes
+fed while replies are pulled), each on its own CPUs when they have them, so a later round
+takes
 
-    T(N, P) = max(N c(N) / P, N (s_app + s_flower)) + t_fixed,
-    c(N) = c_hit + (1 - h) (c_build - c_hit) + c_flower
+    T(N) = max(N a(N) / P, N s, N (a(N) + s) / C) / u
+    a(N) = c_hit + (1 - h) (c_build - c_hit) + c_flower,    s = s_app + s_flower
 
-(``c_flower``: the Ray actor's own per-message work, also from the cluster run)
-
-and the server's process is the bottleneck once ``P > c(N) / (s_app + s_flower)``.
+with P actor CPUs, C the cores that actors and the server's process share (C = P on one
+machine; no such bound when the server has its own machine), ``c_flower`` the Ray actor's
+own per-message work and ``u`` the share of that bound a round achieves (dispatch
+latency, polls): ``c_flower``, ``s_flower`` and ``u`` are calibrated on one cluster run
+(:func:`calibrate`). The server's process is the bottleneck once ``P > a(N) / s``.
 """
 
 from __future__ import annotations
@@ -90,6 +94,8 @@ def measure(env_id: str, dim: int, clients: int, rounds: int = 3,
     handle = grid._handle
 
     def timed(msg: Any) -> Any:
+        if not cached:  # the learners are rebuilt, from shards kept as a large run keeps them
+            fqi._NODE_SHARDS.resize(1 << 40)
         t0 = time.process_time()
         reply = handle(msg)
         row = per_round[-1]
@@ -159,6 +165,7 @@ class Model:
     t_fixed: float  #: the ServerApp's CPU s per round that does not grow with N
     s_flower: float = 0.0  #: Flower's simulation engine, CPU s per message (a cluster run)
     c_flower: float = 0.0  #: a Ray actor's own work, CPU s per message (a cluster run)
+    utilisation: float = 1.0  #: measured round time over the CPU bound (a cluster run)
     message_bytes: float = 0.0
     reply_bytes: float = 0.0
 
@@ -166,19 +173,28 @@ class Model:
         return min(1.0, (self.cache_bytes / self.node_bytes) / n) if self.node_bytes else 1.0
 
     def client_s(self, n: int) -> float:
+        """``a(N)``: an actor's CPU s per message."""
         return (self.c_hit + (1 - self.hit_rate(n)) * (self.c_build - self.c_hit)
                 + self.c_flower)
 
-    def server_s(self, n: int) -> float:
-        return n * (self.s_app + self.s_flower)
+    def server_s(self) -> float:
+        """``s``: the server's process's CPU s per message."""
+        return self.s_app + self.s_flower
 
-    def round_s(self, n: int, cpus: int) -> float:
-        """A later round's wall time, N clients on ``cpus`` actor CPUs."""
-        return max(n * self.client_s(n) / cpus, self.server_s(n)) + self.t_fixed
+    def cpu_bound_s(self, n: int, cpus: int, cores: int | None = None) -> float:
+        """The least a later round can take: actors, the server's process and (``cores``:
+        shared by both) the machine's cores each busy all round."""
+        a, s = n * self.client_s(n), n * self.server_s() + self.t_fixed
+        return max(a / cpus, s, (a + s) / cores if cores else 0.0)
+
+    def round_s(self, n: int, cpus: int, cores: int | None = None) -> float:
+        """A later round's wall time, N clients on ``cpus`` actor CPUs (``cores``: the
+        cores actors and the server's process share, when they share any)."""
+        return self.cpu_bound_s(n, cpus, cores) / self.utilisation
 
     def server_bound_cpus(self, n: int) -> float:
         """Actor CPUs beyond which the server's process sets the round time."""
-        return self.client_s(n) / (self.s_app + self.s_flower)
+        return self.client_s(n) / self.server_s()
 
     def server_reply_memory(self, n: int) -> float:
         """Bytes of one round's replies, all held by the ServerApp until it aggregates."""
@@ -199,27 +215,26 @@ def fit(small: Point, large: Point, build: Point, cache_mib: int = 1024) -> Mode
                  message_bytes=large.message_bytes, reply_bytes=large.reply_bytes)
 
 
-def calibrate(model: Model, clients: int, short: dict[str, Any], long: dict[str, Any]
-              ) -> Model:
-    """``s_flower`` and ``c_flower`` from two runs on a cluster that differ only in their
-    rounds (rows of ``benchmarks/warm_cluster.py``'s report, offline app, ``clients`` nodes,
-    one train message each a round): the CPU seconds the ``flwr-simulation`` process and
-    the actors spent in the long run's extra (later) rounds, beyond the in-process model's
-    server and client work. The difference leaves out Ray's start-up, the imports and
-    round 1's builds, which both runs pay alike."""
-    extra = len(long["round-s"]) - len(short["round-s"])
-    if extra <= 0:
-        raise ValueError("the long run needs more rounds than the short one")
-    messages = clients * extra
-
-    def per_message(name: str) -> float:
-        return (long["cpu-by-process-s"].get(name, 0.0)
-                - short["cpu-by-process-s"].get(name, 0.0)) / messages
-
-    base = model.client_s(clients) - model.c_flower
-    model.c_flower = max(per_message("ray::ClientAppActor") - base, 0.0)
-    model.s_flower = max(per_message("flwr-simulation") - model.s_app
-                         - model.t_fixed / clients, 0.0)
+def calibrate(model: Model, clients: int, run: dict[str, Any], cpus: int,
+              cores: int | None) -> Model:
+    """``c_flower``, ``s_flower`` and ``utilisation`` from one run on a cluster (a row of
+    ``benchmarks/warm_cluster.py``'s report: the offline app, ``clients`` nodes, one train
+    message each a round, its CPU seconds by process and round): the CPU the actors and
+    the ``flwr-simulation`` process spent in the later rounds beyond the in-process
+    model's client and server work, and how far those rounds' wall time was above the
+    CPU bound. Round 1 (Ray's workers, imports, every learner's first build) is left out."""
+    later = run["round-cpu-s"][1:]
+    walls = run["round-s"][1:]
+    if not later or len(later) != len(walls):
+        raise ValueError("the calibration run needs at least two rounds, each with its CPU")
+    messages = clients * len(later)
+    actors = sum(r.get("ray::ClientAppActor", 0.0) for r in later) / messages
+    server = sum(r.get("flwr-simulation", 0.0) for r in later) / messages
+    model.c_flower = 0.0
+    model.c_flower = max(actors - model.client_s(clients), 0.0)
+    model.s_flower = max(server - model.s_app - model.t_fixed / clients, 0.0)
+    model.utilisation = 1.0
+    model.utilisation = model.cpu_bound_s(clients, cpus, cores) / (sum(walls) / len(walls))
     return model
 
 
