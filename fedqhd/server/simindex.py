@@ -117,7 +117,7 @@ def simulation_state(nodes: int, indexed: bool = True) -> tuple[Any, Any, list[i
 
     factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(),
                                ObjectStoreFactory())
-    state = factory.state()
+    state: Any = factory.state()  # an InMemoryLinkState: its stores are set directly
     run = Run.create_empty(run_id=7)
     run.primary_task_id, run.federation_id = 1, NOOP_FEDERATION_ID
     state.run_ids[7] = RunRecord(run=run)
