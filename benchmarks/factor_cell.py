@@ -9,7 +9,13 @@ run`` executes) for FedQHD on one task, setting and seed, with
 - ``--weighting uniform``: the clients' replies averaged alike (the authors' plain
   mean) instead of by their transitions;
 - ``--truncation-terminates``: a time-limit truncation treated as termination (no
-  bootstrap; the authors' code's default), for ``update = "td"`` clients.
+  bootstrap; the authors' code's default), for ``update = "td"`` clients;
+- ``--diagnose``: what aggregation does to the clients' policies. Every round's train
+  replies and the aggregate the next round sends are kept; on probe states (shared: the
+  states 5 greedy episodes of the final global readout visit; heterogeneous: the anchors)
+  it reports, per round, the clients' pairwise greedy agreement and each client's
+  agreement with the aggregate it then receives (1 - that: how much of its policy one
+  aggregation overrides), and the probe states' spread.
 
 Prints one line per seed: the paper's metric (last-100 training return), the greedy
 return of the final policy, the episode at which the last-100 return first reached 0,
@@ -55,8 +61,82 @@ def _truncation_terminates(limit: int) -> Callable[[Any], Callable[[int], tuple]
     return one_env_step
 
 
+def _capture(rounds: list[dict[str, Any]]) -> Any:
+    """``InProcessGrid.send_and_receive`` that records each train call's outgoing arrays
+    (the aggregate of the round before) and its replies' arrays in ``rounds``."""
+    from fedqhd.server.inprocess import InProcessGrid
+    from fedqhd.strategies import contract as C
+
+    original = InProcessGrid.send_and_receive
+
+    def arrays(msg: Any) -> dict[str, np.ndarray]:
+        record = msg.content.array_records.get(C.ARRAYS) if msg.has_content() else None
+        return C.from_array_record(record) if record is not None else {}
+
+    def send_and_receive(self: Any, messages: Any, *, timeout: float | None = None) -> Any:
+        messages = list(messages)
+        replies = list(original(self, messages, timeout=timeout))
+        if messages and messages[0].metadata.message_type.startswith("train"):
+            rounds.append({"sent": arrays(messages[0]),
+                           "replies": [arrays(r) for r in replies]})
+        return replies
+    return send_and_receive
+
+
+def _agreement(q: list[np.ndarray]) -> tuple[float, list[float]]:
+    """Mean pairwise greedy agreement of ``q[1:]`` (clients' Q on probes) and each one's
+    agreement with ``q[0]`` (the aggregate)."""
+    greedy = [x.argmax(axis=1) for x in q]
+    pairs = [float(np.mean(greedy[i] == greedy[j]))
+             for i in range(1, len(q)) for j in range(i + 1, len(q))]
+    return float(np.mean(pairs)), [float(np.mean(g == greedy[0])) for g in greedy[1:]]
+
+
+def diagnose(env_id: str, setting: str, seed: int, cfg_keys: dict[str, Any],
+             rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per round: clients' pairwise greedy agreement and their agreement with the next
+    aggregate, on probe states (see the module docstring)."""
+    from fedqhd.learners import fqi, parse_run_config
+    from fedqhd.strategies import contract as C
+
+    cfg = parse_run_config(cfg_keys)
+    if setting == "shared":
+        encoder = fqi.client_encoder(cfg, 0)
+        final = rounds[-1]["sent"][C.READOUT]  # the aggregate of the round before the last
+        env = __import__("gymnasium").make(env_id)
+        probes = []
+        for episode in range(5):
+            obs, _ = env.reset(seed=10_000 + episode)
+            for _ in range(get_spec(env_id).max_episode_steps):
+                probes.append(np.asarray(obs, dtype=np.float64))
+                q = encoder.encode32(np.asarray(obs)[None]).astype(np.float64) @ final
+                obs, _, terminated, truncated, _ = env.step(int(q.argmax()))
+                if terminated or truncated:
+                    break
+        feats = encoder.encode32(np.array(probes)).astype(np.float64)
+
+        def q_of(arrays: dict[str, np.ndarray]) -> np.ndarray:
+            return feats @ arrays[C.READOUT]
+        spread = np.array(probes).std(axis=0)
+    else:
+        def q_of(arrays: dict[str, np.ndarray]) -> np.ndarray:
+            return arrays[C.TEACHER] if C.TEACHER in arrays else arrays[C.Q_ANCHORS]
+        anchors = rounds[1]["sent"][C.ANCHORS]
+        probes, spread = list(anchors), anchors.std(axis=0)
+    rows = []
+    for r in range(len(rounds) - 1):  # round r's replies, then the aggregate round r + 1 sends
+        replies, aggregate = rounds[r]["replies"], rounds[r + 1]["sent"]
+        if not replies or any(not a for a in replies):
+            continue
+        pair, own = _agreement([q_of(aggregate), *(q_of(a) for a in replies)])
+        rows.append({"round": r + 1, "pairwise": round(pair, 3),
+                     "with-aggregate": [round(x, 3) for x in own]})
+    return {"probe-states": len(probes), "probe-std": [round(float(x), 3) for x in spread],
+            "rounds": rows}
+
+
 def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str | None,
-        truncation_terminates: bool) -> dict[str, Any]:
+        truncation_terminates: bool, diagnose_policies: bool = False) -> dict[str, Any]:
     """One cell with the factors given; returns what it printed."""
     base = paper.app_run_config
 
@@ -69,6 +149,10 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
         return keys
 
     patches = [mock.patch.object(paper, "app_run_config", run_config)]
+    rounds: list[dict[str, Any]] = []
+    if diagnose_policies:
+        from fedqhd.server.inprocess import InProcessGrid
+        patches.append(mock.patch.object(InProcessGrid, "send_and_receive", _capture(rounds)))
     if truncation_terminates:
         limit = get_spec(env_id).max_episode_steps
         patches.append(mock.patch.object(acting, "_one_env_step",
@@ -84,6 +168,9 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
         return next((e for e, v in cell["curve"] if v >= level), None)
 
     late_bias = [b for _, b in cell["value-bias"]][-5:]
+    extra = {"policies": diagnose(env_id, setting, seed, run_config("fedqhd", env_id, setting,
+                                                                   seed), rounds)
+             } if diagnose_policies else {}
     return {"env": env_id, "setting": setting, "seed": seed, "preset": preset,
             "weighting": weighting or "transitions",
             "truncation-terminates": truncation_terminates,
@@ -91,7 +178,7 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
             "greedy-return": round(cell["greedy-return"], 1),
             "episode-reaching": {str(v): first_episode(v) for v in (0, 100, 200)},
             "value-bias-last-rounds": round(float(np.mean(late_bias)), 2),
-            "cpu-s": round(cell["cpu-s"], 1)}
+            "cpu-s": round(cell["cpu-s"], 1), **extra}
 
 
 def main() -> None:
@@ -102,11 +189,13 @@ def main() -> None:
     p.add_argument("--preset", help="a preset file instead of the task's")
     p.add_argument("--weighting", choices=("uniform", "transitions"))
     p.add_argument("--truncation-terminates", action="store_true")
+    p.add_argument("--diagnose", action="store_true",
+                   help="clients' greedy agreement, and with each aggregate, per round")
     p.add_argument("--out", type=Path, default=Path("factor-cells.jsonl"))
     args = p.parse_args()
     for seed in paper.parse_seeds(args.seeds):
         row = run(args.env, args.setting, seed, args.preset, args.weighting,
-                  args.truncation_terminates)
+                  args.truncation_terminates, args.diagnose)
         print(json.dumps(row), flush=True)
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
