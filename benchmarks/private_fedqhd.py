@@ -14,7 +14,7 @@ temporary folder (no real budget is spent). ``--set key=value,...`` overrides th
 
 prints a Markdown table (mean (standard error) over the seeds, and each seed) and the
 reported epsilon of every private run beside the requested one; ``--out FILE.json``
-keeps every cell.
+keeps every cell and ``--plot FILE.png`` draws the curve.
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--out", default="")
     parser.add_argument("--set", default="", help="run-config overrides, key=value,...")
     parser.add_argument("--no-reference", action="store_true", help="private columns only")
+    parser.add_argument("--plot", default="", help="the privacy-utility curve, a PNG")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
     os.environ["FEDQHD_LEDGER_DIR"] = tempfile.mkdtemp()  # studies spend no real budget
@@ -128,6 +129,47 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(cells, fh, indent=1)
+    if args.plot:
+        plot(cells, args.plot, f"{args.clients} clients, seeds {args.seeds}, delta "
+                               f"{args.delta:g}, noise {args.noise}")
+
+
+def _mean_se(values: list[float]) -> tuple[float, float]:
+    arr = np.asarray(values, dtype=float)
+    return float(arr.mean()), float(arr.std(ddof=1) / math.sqrt(len(arr))) if len(arr) > 1 \
+        else 0.0
+
+
+def plot(cells: list[dict[str, Any]], path: str, subtitle: str) -> None:
+    """Greedy return against epsilon (mean and standard error over the seeds), with the
+    non-private references and a uniform random policy as horizontal lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    private = sorted({c["epsilon"] for c in cells if c["epsilon"] is not None})
+    stats = [_mean_se([c["return"] for c in cells if c["epsilon"] == e]) for e in private]
+    if private:
+        ax.errorbar(private, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o",
+                    capsize=3, label="private FedQHD (zCDP, one release a client)")
+    for mode, style in (("exact", "-"), ("non-private", "--")):
+        got = [c["return"] for c in cells if c["mode"] == mode]
+        if got:
+            mean, se = _mean_se(got)
+            ax.axhline(mean, color="k", linestyle=style, linewidth=1,
+                       label=f"{'FedQHDExact' if mode == 'exact' else 'chunked, no noise'}"
+                             f" {mean:.0f} (SE {se:.0f})")
+    ax.axhline(float(np.mean([c["random"] for c in cells])), color="grey", linestyle=":",
+               label="uniform random")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("epsilon")
+    ax.set_ylabel("greedy return, CartPole-v1")
+    ax.set_title(f"Private FedQHD: return against epsilon\n{subtitle}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
