@@ -92,10 +92,12 @@ def _agreement(q: list[np.ndarray]) -> tuple[float, list[float]]:
     return float(np.mean(pairs)), [float(np.mean(g == greedy[0])) for g in greedy[1:]]
 
 
-def diagnose(env_id: str, setting: str, seed: int, cfg_keys: dict[str, Any],
+def diagnose(env_id: str, setting: str, cfg_keys: dict[str, Any],
              rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Per round: clients' pairwise greedy agreement and their agreement with the next
     aggregate, on probe states (see the module docstring)."""
+    import gymnasium
+
     from fedqhd.learners import fqi, parse_run_config
     from fedqhd.strategies import contract as C
 
@@ -103,7 +105,7 @@ def diagnose(env_id: str, setting: str, seed: int, cfg_keys: dict[str, Any],
     if setting == "shared":
         encoder = fqi.client_encoder(cfg, 0)
         final = rounds[-1]["sent"][C.READOUT]  # the aggregate of the round before the last
-        env = __import__("gymnasium").make(env_id)
+        env = gymnasium.make(env_id)
         probes = []
         for episode in range(5):
             obs, _ = env.reset(seed=10_000 + episode)
@@ -168,9 +170,8 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
         return next((e for e, v in cell["curve"] if v >= level), None)
 
     late_bias = [b for _, b in cell["value-bias"]][-5:]
-    extra = {"policies": diagnose(env_id, setting, seed, run_config("fedqhd", env_id, setting,
-                                                                   seed), rounds)
-             } if diagnose_policies else {}
+    extra = {"policies": diagnose(env_id, setting, run_config("fedqhd", env_id, setting, seed),
+                                  rounds)} if diagnose_policies else {}
     return {"env": env_id, "setting": setting, "seed": seed, "preset": preset,
             "weighting": weighting or "transitions",
             "truncation-terminates": truncation_terminates,

@@ -113,12 +113,12 @@ def main() -> None:
         for cell in got:
             cell["epsilon"] = eps
         cells.extend(got)
-        returns = np.array([c["return"] for c in got], dtype=float)
-        se = returns.std(ddof=1) / math.sqrt(len(returns)) if len(returns) > 1 else 0.0
+        returns = [float(c["return"]) for c in got]
+        mean, se = _mean_se(returns)
         label = mode if eps is None else f"private, eps {eps:g} (rho {rho:.4g})"
         reported = [c["epsilon-reported"] for c in got if c["epsilon-reported"] is not None]
         rep = f"{max(reported):.4g}" if reported else "-"
-        rows.append(f"| {label} | {returns.mean():.1f} ({se:.1f}) | "
+        rows.append(f"| {label} | {mean:.1f} ({se:.1f}) | "
                     f"{', '.join(f'{r:.0f}' for r in returns)} | {rep} |")
         print(rows[-1], flush=True)
     print(f"\nuniform random: {np.mean([c['random'] for c in cells]):.1f}; noise {args.noise}; "
@@ -135,9 +135,10 @@ def main() -> None:
 
 
 def _mean_se(values: list[float]) -> tuple[float, float]:
+    """Mean and standard error (0 for one value)."""
     arr = np.asarray(values, dtype=float)
-    return float(arr.mean()), float(arr.std(ddof=1) / math.sqrt(len(arr))) if len(arr) > 1 \
-        else 0.0
+    se = float(arr.std(ddof=1) / math.sqrt(len(arr))) if len(arr) > 1 else 0.0
+    return float(arr.mean()), se
 
 
 def plot(cells: list[dict[str, Any]], path: str, subtitle: str) -> None:

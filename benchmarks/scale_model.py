@@ -22,7 +22,14 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from fedqhd.studies.scale_model import Model, Point, calibrate, fit, measure_in_child
+from fedqhd.studies.scale_model import (
+    Model,
+    Point,
+    calibrate,
+    fit,
+    later_rounds,
+    measure_in_child,
+)
 
 DIMS = (500, 1000, 2000, 4000)
 SMALL, LARGE = 20, 200
@@ -55,16 +62,6 @@ def _model(out: Path, env_id: str, dim: int) -> Model:
     return fit(cached[0], cached[-1], build)
 
 
-def _later(run: dict, clients: int) -> tuple[float, float, float]:
-    """(wall s, actor CPU s per message, server CPU s per message) of a report row's
-    later rounds."""
-    later, walls = run["round-cpu-s"][1:], run["round-s"][1:]
-    msgs = clients * len(later)
-    return (sum(walls) / len(walls),
-            sum(r.get("ray::ClientAppActor", 0.0) for r in later) / msgs,
-            sum(r.get("flwr-simulation", 0.0) for r in later) / msgs)
-
-
 def predict(args: argparse.Namespace) -> None:
     out = Path(args.out)
     model = _model(out, args.env, args.dim)
@@ -81,7 +78,7 @@ def predict(args: argparse.Namespace) -> None:
     if args.check:
         run = json.loads(Path(args.check).read_text())["runs"][0]
         n = args.check_clients
-        wall, actors, server = _later(run, n)
+        wall, actors, server = later_rounds(run, n)
         predicted = model.round_s(n, args.cpus, args.cpus)
         print(f"\ncheck, {n} clients on {args.cpus} actor CPUs sharing {args.cpus} cores: "
               f"later rounds {', '.join(f'{r:.1f}' for r in run['round-s'][1:])} s, "

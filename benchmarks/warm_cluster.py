@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from fedqhd.studies.netns import netns_of, stop_namespace
-from fedqhd.studies.scale import GIB, PeakMemory, timed_lines, tree_rss
+from fedqhd.studies.scale import GIB, PeakMemory, round_times, timed_lines
 
 BIN = Path(sys.executable).parent
 PROJECT = Path(__file__).resolve().parents[1]
@@ -130,8 +130,6 @@ def one_run(i: int, env: dict[str, str], out: Path, args: argparse.Namespace,
            f"num-supernodes={args.supernodes} client-resources-num-cpus=1", "--run-config",
            f"{args.run_config} verbose=true output-dir='{run_out}'"]
     before = load()
-    cpu_before: dict[int, float] = {}
-    tree_rss(roots, cpu=cpu_before)
     t0 = time.perf_counter()
     with PeakMemory(series=True) as mem:
         mem.pids = roots
@@ -139,10 +137,6 @@ def one_run(i: int, env: dict[str, str], out: Path, args: argparse.Namespace,
                                 stderr=subprocess.STDOUT, text=True)
         lines = timed_lines(proc, t0, timeout=args.timeout)
     wall = time.perf_counter() - t0
-    cpu_by_name: dict[str, float] = {}
-    for pid, used in mem.cpu.items():
-        name = mem.names.get(pid, "?")
-        cpu_by_name[name] = cpu_by_name.get(name, 0.0) + used - cpu_before.get(pid, 0.0)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"run-{i}.log").write_text("".join(f"{t:7.2f} | {x}" for t, x in lines))
     results = sorted(run_out.glob("*/*/results.json"))
@@ -153,23 +147,22 @@ def one_run(i: int, env: dict[str, str], out: Path, args: argparse.Namespace,
         return next((round(t, 2) for t, x in lines if marker in x), None)
 
     data = json.loads(results[-1].read_text())
-    # CPU seconds by process name between the "[ROUND k/" lines (the last: to the end of
-    # the strategy's rounds);
-    # processes that ran before the run (the cluster's) count from their level at its start
+    # CPU seconds by process name between two moments of the run: the cluster's processes
+    # count from their level at the first sample (they ran before the run)
+    series = mem.series
+    assert series
+
+    def cpu_between(a: float, b: float) -> dict[str, float]:
+        lo = next((c for s, c in series if s >= a), series[-1][1])
+        hi = next((c for s, c in series if s >= b), series[-1][1])
+        return {k: round(v - lo.get(k, 0.0), 1) for k, v in hi.items()
+                if v - lo.get(k, 0.0) >= 0.1}
+
+    # per round: from its "[ROUND k/" line to the next (the last: to the strategy's end)
     marks = [t for t, x in lines if "[ROUND " in x and "/" in x.split("[ROUND ", 1)[1]]
-    assert mem.series is not None
-
-    def cpu_at(t: float) -> dict[str, float]:
-        return next((c for s, c in mem.series if s >= t), mem.series[-1][1])
-
     done = next((t for t, x in lines if "Strategy execution finished" in x), wall)
-    round_cpu = []
-    for a, b in zip(marks, [*marks[1:], done], strict=True):
-        lo, hi = cpu_at(a), cpu_at(b)
-        round_cpu.append({k: round(v - lo.get(k, 0.0), 1) for k, v in hi.items()
-                          if v - lo.get(k, 0.0) >= 0.1})
-    walls = [r["wall-time-s"] for r in data["rounds"]]
-    rounds = walls[-1]
+    round_cpu = [cpu_between(a, b) for a, b in zip(marks, [*marks[1:], done], strict=True)]
+    rounds = data["rounds"][-1]["wall-time-s"]
     start = first("[ROUND 1/")
     assert start is not None, "no [ROUND 1/ line"
     return {"run": i, "load-before": before, "wall-s": round(wall, 2),
@@ -179,10 +172,9 @@ def one_run(i: int, env: dict[str, str], out: Path, args: argparse.Namespace,
             "simulation-s": first("Starting Flower Simulation"),
             "strategy-s": first("Starting FedQHD"),
             "first-clientapp-s": first("ClientApp process under Ray"),
-            "round-s": [round(b - a, 2) for a, b in zip([0.0, *walls[:-1]], walls,
-                                                          strict=True)],
-            "cpu-by-process-s": {k: round(v, 1) for k, v in
-                                 sorted(cpu_by_name.items(), key=lambda kv: -kv[1])},
+            "round-s": round_times(results[-1])["round-s"],
+            "cpu-by-process-s": dict(sorted(cpu_between(0.0, wall).items(),
+                                            key=lambda kv: -kv[1])),
             "round-cpu-s": round_cpu,
             "peak-rss-gib": round(mem.peak / GIB, 3),
             "return-mean": data["final"]["return-mean"]}

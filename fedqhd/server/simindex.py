@@ -103,8 +103,8 @@ def index_messages(state: Any) -> bool:
 def simulation_state(nodes: int, indexed: bool = True) -> tuple[Any, Any, list[int]]:
     """Flower's simulation link state and grid as ``flwr-simulation`` builds them (flwr
     1.42): ``nodes`` registered nodes, one run; with ``indexed``, the state indexed. For
-    tests of the index and the scale model's poll cost
-    (:func:`fedqhd.studies.scale_model.poll_cost`). Returns (state, grid, node ids)."""
+    the index's tests and for timing the engine's per-node poll (docs/scale.md). Returns
+    (state, grid, node ids)."""
     from flwr.proto.task_pb2 import Task  # pylint: disable=E0611
     from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
     from flwr.server.superlink.linkstate import LinkStateFactory

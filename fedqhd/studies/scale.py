@@ -256,7 +256,7 @@ def local_superlink(home: Path, extra_env: dict[str, str] | None = None,
 
 
 # ------------------------------------------------------------------ the two runs
-def _round_times(results: Path) -> dict[str, Any]:
+def round_times(results: Path) -> dict[str, Any]:
     data = json.loads(results.read_text())
     walls = [r["wall-time-s"] for r in data["rounds"]]
     rounds = [b - a for a, b in zip([0.0, *walls[:-1]], walls, strict=True)]
@@ -337,7 +337,7 @@ def inprocess(n_clients: int, run_config: dict[str, Any], out: Path,
     return {"mode": "in-process", "clients": n_clients, "wall-s": round(wall, 2),
             "cpu-s": round(mem.cpu_seconds, 1),
             "peak-rss-gib": round(mem.peak / GIB, 3), "peak-by-process-gib": _split(mem),
-            **_round_times(results)}
+            **round_times(results)}
 
 
 def _inprocess_child(n_clients: int, run_config: dict[str, Any]) -> None:
@@ -444,7 +444,7 @@ def flwr_run(n_clients: int, run_config: dict[str, Any], out: Path, app_dir: Pat
             "timeline": [f"{t:.1f} {pid} {name}" for t, pid, name in mem.timeline],
             "superlink-start-s": round(t_link, 2), "log-s": _milestones(lines),
             "peak-rss-gib": round(mem.peak / GIB, 3), "peak-by-process-gib": _split(mem),
-            **_round_times(results[-1])}
+            **round_times(results[-1])}
 
 
 # ------------------------------------------------------------------ the suite

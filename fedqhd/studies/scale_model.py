@@ -38,16 +38,20 @@ latency, polls): ``c_flower``, ``s_flower`` and ``u`` are calibrated on one clus
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedqhd.envs import get_spec
+
 #: the README's defaults, which the model describes (the app's offline protocol)
 BASE_CONFIG: dict[str, Any] = {"protocol": "offline", "eval-episodes": 3, "seed": 0}
-N_ACTIONS = {"CartPole-v1": 2, "Acrobot-v1": 3, "LunarLander-v3": 4}
+ALL_SHARDS = 1 << 40  #: a shard-cache budget no measurement fills
 
 
 @dataclass
@@ -77,8 +81,6 @@ def measure(env_id: str, dim: int, clients: int, rounds: int = 3,
     """Run ``clients`` nodes for ``rounds`` rounds in THIS process (call it in a fresh one:
     :func:`measure_in_child`) and time every message; round 1 (the shards' generation and
     first build) is left out of the per-message means."""
-    import tempfile
-
     from fedqhd.client.app import app as client_app
     from fedqhd.learners import fqi, parse_run_config
     from fedqhd.server.app import run_federation
@@ -94,10 +96,12 @@ def measure(env_id: str, dim: int, clients: int, rounds: int = 3,
     handle = grid._handle
 
     def timed(msg: Any) -> Any:
-        if not cached:  # the learners are rebuilt, from shards kept as a large run keeps them
-            fqi._NODE_SHARDS.resize(1 << 40)
         t0 = time.process_time()
         reply = handle(msg)
+        if not cached and fqi._NODE_SHARDS.budget < ALL_SHARDS:
+            # after the first message sized both caches from learner-cache-mib = 0: the
+            # learners are rebuilt, from shards kept as a large run keeps them
+            fqi._NODE_SHARDS.resize(ALL_SHARDS)
         row = per_round[-1]
         row["client"] += time.process_time() - t0
         row["messages"] += 1
@@ -126,7 +130,7 @@ def measure(env_id: str, dim: int, clients: int, rounds: int = 3,
     later = per_round[1:]
     msgs = sum(r["messages"] for r in later)
     cache = fqi._NODE_LEARNERS  # each entry: (learner, shard), with its array bytes
-    return Point(env_id=env_id, dim=dim, n_actions=N_ACTIONS[env_id], clients=clients,
+    return Point(env_id=env_id, dim=dim, n_actions=get_spec(env_id).n_actions, clients=clients,
                  rounds=rounds, cached=cached,
                  client_s=sum(r["client"] for r in later) / msgs,
                  server_s_per_round=sum(r["end"] - r["start"] - r["client"] for r in later)
@@ -144,7 +148,6 @@ def measure_in_child(env_id: str, dim: int, clients: int, rounds: int = 3,
             "from fedqhd.studies.scale_model import measure; "
             "print(json.dumps(asdict(measure(*json.loads(sys.argv[1])))))")
     env = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    import os
     done = subprocess.run([sys.executable, "-c", code,
                            json.dumps([env_id, dim, clients, rounds, cached])],
                           capture_output=True, text=True, env={**os.environ, **env})
@@ -215,28 +218,29 @@ def fit(small: Point, large: Point, build: Point, cache_mib: int = 1024) -> Mode
                  message_bytes=large.message_bytes, reply_bytes=large.reply_bytes)
 
 
+def later_rounds(run: dict[str, Any], clients: int) -> tuple[float, float, float]:
+    """(mean wall s, actor CPU s per message, ``flwr-simulation`` CPU s per message) of a
+    cluster run's later rounds (a row of ``benchmarks/warm_cluster.py``'s report: one
+    train message per node a round). Round 1 (Ray's workers, imports, every learner's
+    first build) is left out."""
+    later, walls = run["round-cpu-s"][1:], run["round-s"][1:]
+    if not later or len(later) != len(walls):
+        raise ValueError("the run needs at least two rounds, each with its CPU")
+    messages = clients * len(later)
+    return (sum(walls) / len(walls),
+            sum(r.get("ray::ClientAppActor", 0.0) for r in later) / messages,
+            sum(r.get("flwr-simulation", 0.0) for r in later) / messages)
+
+
 def calibrate(model: Model, clients: int, run: dict[str, Any], cpus: int,
               cores: int | None) -> Model:
-    """``c_flower``, ``s_flower`` and ``utilisation`` from one run on a cluster (a row of
-    ``benchmarks/warm_cluster.py``'s report: the offline app, ``clients`` nodes, one train
-    message each a round, its CPU seconds by process and round): the CPU the actors and
-    the ``flwr-simulation`` process spent in the later rounds beyond the in-process
-    model's client and server work, and how far those rounds' wall time was above the
-    CPU bound. Round 1 (Ray's workers, imports, every learner's first build) is left out."""
-    later = run["round-cpu-s"][1:]
-    walls = run["round-s"][1:]
-    if not later or len(later) != len(walls):
-        raise ValueError("the calibration run needs at least two rounds, each with its CPU")
-    messages = clients * len(later)
-    actors = sum(r.get("ray::ClientAppActor", 0.0) for r in later) / messages
-    server = sum(r.get("flwr-simulation", 0.0) for r in later) / messages
+    """``c_flower``, ``s_flower`` and ``utilisation`` from one run of the offline app on
+    a cluster with ``clients`` nodes (:func:`later_rounds`): the CPU the actors and the
+    ``flwr-simulation`` process spent beyond the in-process model's client and server
+    work, and how far the rounds' wall time was above the CPU bound."""
+    wall, actors, server = later_rounds(run, clients)
     model.c_flower = 0.0
     model.c_flower = max(actors - model.client_s(clients), 0.0)
     model.s_flower = max(server - model.s_app - model.t_fixed / clients, 0.0)
-    model.utilisation = 1.0
-    model.utilisation = model.cpu_bound_s(clients, cpus, cores) / (sum(walls) / len(walls))
+    model.utilisation = model.cpu_bound_s(clients, cpus, cores) / wall
     return model
-
-
-def as_dict(model: Model) -> dict[str, Any]:
-    return asdict(model)
