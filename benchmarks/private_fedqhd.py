@@ -7,8 +7,11 @@ epsilon (delta 1e-5, by the conversion valid for the node's sampler: OpenDP's ma
 ``opendp``, the exact Gaussian for ``numpy``) is the column's epsilon; ``non-private`` is
 the same run with the nodes' noise off (the clipped chunked readouts, a run marked
 non-private) and ``exact`` is plain FedQHDExact (pooled ridge FQI from exact statistics,
-10 sweeps, ridge 0.1: the first slice's non-private reference). Ledgers go to a
-temporary folder (no real budget is spent). ``--set key=value,...`` overrides the setting.
+10 sweeps, ridge 0.1: the first slice's non-private reference). ``--encoder
+heterogeneous``: each client its own encoder, releasing its advantages on 1000 rollout
+anchors; ``exact`` is then non-private FedQHDAnchor (same rounds and sweeps). Ledgers go
+to a temporary folder (no real budget is spent). ``--set key=value,...`` overrides the
+setting.
 
     python benchmarks/private_fedqhd.py --epsilons 1,2,4,8,16 --seeds 0,1,2,3,4
 
@@ -37,9 +40,13 @@ SETTING: dict[str, Any] = {"env-id": "CartPole-v1", "hd-dim": 100, "episodes-per
                            "gamma": 0.95, "num-server-rounds": 1, "local-iterations": 30,
                            "ridge": 0.3, "privacy-chunks": 50, "privacy-clip-norm": 6.0,
                            "eval-episodes": 20}
-#: the non-private reference (the first slice's FedQHDExact setting)
+#: the non-private reference (the first slice's FedQHDExact setting); with heterogeneous
+#: encoders FedQHDAnchor, the same rounds and sweeps
 EXACT: dict[str, Any] = {"strategy": "exact", "num-server-rounds": 10, "ridge": 0.1,
                          "local-iterations": 3}
+ANCHOR: dict[str, Any] = {**EXACT, "strategy": "anchor"}
+#: the heterogeneous setting's anchors (FedQHDAnchor's default rollout anchors)
+HETEROGENEOUS: dict[str, Any] = {"encoder": "heterogeneous", "num-anchors": 1000}
 
 
 def rho_for_epsilon(epsilon: float, delta: float, noise: str) -> float:
@@ -65,7 +72,7 @@ def run_cell(seed: int, clients: int, mode: str, rho: float, noise: str,
     if mode != "exact":
         keys.update({"privacy": "zcdp", "privacy-rho": rho, "non-private": mode != "private"})
     else:
-        keys.update(EXACT)
+        keys.update(EXACT if keys.get("encoder", "shared") == "shared" else ANCHOR)
     cfg = RunConfig.from_run_config(keys)
     # a fresh ledger folder per cell: the cells release the same shards, and one ledger
     # would (rightly) add up their rho
@@ -94,11 +101,14 @@ def main() -> None:
     parser.add_argument("--set", default="", help="run-config overrides, key=value,...")
     parser.add_argument("--no-reference", action="store_true", help="private columns only")
     parser.add_argument("--plot", default="", help="the privacy-utility curve, a PNG")
+    parser.add_argument("--encoder", choices=("shared", "heterogeneous"), default="shared",
+                        help="heterogeneous: each client its own encoder, advantages released "
+                             "on the anchors (reference: FedQHDAnchor)")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
     os.environ["FEDQHD_LEDGER_DIR"] = tempfile.mkdtemp()  # studies spend no real budget
     seeds = [int(s) for s in args.seeds.split(",")]
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(HETEROGENEOUS) if args.encoder == "heterogeneous" else {}
     for item in filter(None, args.set.split(",")):
         key, value = item.split("=")
         extra[key] = float(value) if "." in value or "e" in value else int(value)
@@ -159,7 +169,7 @@ def plot(cells: list[dict[str, Any]], path: str, subtitle: str) -> None:
         if got:
             mean, se = _mean_se(got)
             ax.axhline(mean, color="k", linestyle=style, linewidth=1,
-                       label=f"{'FedQHDExact' if mode == 'exact' else 'chunked, no noise'}"
+                       label=f"{'FedQHD, no privacy' if mode == 'exact' else 'chunked, no noise'}"
                              f" {mean:.0f} (SE {se:.0f})")
     ax.axhline(float(np.mean([c["random"] for c in cells])), color="grey", linestyle=":",
                label="uniform random")

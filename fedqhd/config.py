@@ -251,20 +251,24 @@ class RunConfig:
     non_private: bool = field(default=False, metadata=_key(
         lambda v: None, "mark the run non-private: only then are noise-free clients (node "
         "config noise = none) accepted; it switches no node's noise off"))
-    # ---- private FedQHD (learner = "fqi", offline, shared encoder, strategy exact) ----
+    # ---- private FedQHD (learner = "fqi", offline; strategy avg, or anchor with
+    # heterogeneous encoders) ----
     privacy: str = field(default="none", metadata=_key(_choice(PRIVACY_MODES), (
-        "none, or zcdp: private FedQHD, each client's one noisy readout (sample-and-aggregate "
-        "over episode chunks, advantage readouts clipped) under rho-zCDP per trajectory "
-        "(strategy avg; the budget and the noise are the node's)")))
+        "none, or zcdp: private FedQHD, each client's one noisy release (sample-and-aggregate "
+        "over episode chunks, advantages clipped: the readout with a shared encoder, its values "
+        "on the anchors with heterogeneous ones) under rho-zCDP per trajectory (the budget "
+        "and the noise are the node's)")))
     privacy_rho: float = field(default=1.0, metadata=_key(
         _float_range(0.0, 1e6, lo_open=True), "privacy = zcdp: zCDP rho of one client's "
-        "readout release (its only release); at most the node config's 'rho'"))
+        "release (its only one); at most the node config's 'rho'"))
     privacy_chunks: int = field(default=50, metadata=_key(_int_range(1, 1_000_000), (
         "privacy = zcdp: m, the chunks a client's episodes are hashed into; each chunk fits "
-        "FQI alone (ridge, local-iterations sweeps); the release's sensitivity is 2 R / m")))
+        "FQI alone (ridge, local-iterations sweeps); the release's sensitivity is 2 R / m "
+        "(2 R sqrt(M) / m on M anchors); about 20 episodes a chunk")))
     privacy_clip_norm: float = field(default=5.0, metadata=_key(
         _float_range(0.0, 1e9, lo_open=True), "privacy = zcdp: R, the Frobenius norm each "
-        "chunk's advantage readout (centred over actions) is clipped to"))
+        "chunk's advantage readout (centred over actions) is clipped to; on M anchors its "
+        "advantages are clipped to R sqrt(M)"))
     privacy_delta: float = field(default=1e-5, metadata=_key(
         _float_range(0.0, 1.0, lo_open=True, hi_open=True),
         "privacy = zcdp: delta of the reported epsilon"))
@@ -343,16 +347,18 @@ class RunConfig:
                               "'anchor-source' = 'file'")
 
     def _check_private(self) -> None:
-        """Private FedQHD: one noisy readout per client, averaged; offline fqi, shared
-        encoder."""
-        if self.strategy not in ("auto", "avg"):
-            raise ConfigError(f"run-config key 'privacy' = 'zcdp' needs 'strategy' = 'avg' "
-                              f"(or 'auto'), got {self.strategy!r}: only readouts are "
-                              "released with noise so far")
-        if self.learner != "fqi" or self.protocol != "offline" or self.encoder != "shared":
-            raise ConfigError("run-config key 'privacy' = 'zcdp' needs 'learner' = 'fqi', "
-                              "'protocol' = 'offline' and 'encoder' = 'shared', got "
-                              f"{self.learner!r}, {self.protocol!r}, {self.encoder!r}")
+        """Private FedQHD: one noisy release per client (a readout with a shared encoder,
+        anchor advantages with heterogeneous ones), averaged; offline fqi."""
+        wanted = "avg" if self.encoder == "shared" else "anchor"
+        if self.resolved_strategy != wanted:
+            raise ConfigError(f"run-config key 'privacy' = 'zcdp' with 'encoder' = "
+                              f"{self.encoder!r} needs 'strategy' = {wanted!r} (or 'auto'), "
+                              f"got {self.strategy!r}: a private client releases one "
+                              f"{'readout' if wanted == 'avg' else 'set of anchor values'}")
+        if self.learner != "fqi" or self.protocol != "offline":
+            raise ConfigError("run-config key 'privacy' = 'zcdp' needs 'learner' = 'fqi' and "
+                              f"'protocol' = 'offline', got {self.learner!r}, "
+                              f"{self.protocol!r}")
         if self.resume_from:
             raise ConfigError("run-config key 'resume-from' cannot continue a private run "
                               "(privacy = 'zcdp'): its releases live in the node states, and "
@@ -467,8 +473,6 @@ class RunConfig:
         resolving ``auto``."""
         if self.strategy != "auto":
             return self.strategy
-        if self.privacy == "zcdp":
-            return "avg"
         if self.learner == "pool":
             return "anchor"
         return "avg" if self.encoder == "shared" else "anchor"

@@ -48,9 +48,10 @@ def _shard(episodes):
     return types.SimpleNamespace(**{k: np.concatenate([e[k] for e in episodes]) for k in keys})
 
 
-def _model(episodes, encoder, chunks=CHUNKS, clip=CLIP, ridge=0.05, sweeps=5):
+def _model(episodes, encoder, chunks=CHUNKS, clip=CLIP, ridge=0.05, sweeps=5, anchors=None):
     return PrivateReadout(_shard(episodes), encoder.encode, ACTIONS, GAMMA, ridge, REWARDS,
-                          chunks, clip, sweeps)
+                          chunks, clip, sweeps,
+                          None if anchors is None else encoder.encode(anchors))
 
 
 def test_an_episode_s_chunk_depends_on_that_episode_only():
@@ -65,26 +66,66 @@ def test_an_episode_s_chunk_depends_on_that_episode_only():
     assert len(np.unique(before)) == 5  # 30 episodes reach every chunk
 
 
-def test_one_trajectory_moves_the_readout_by_at_most_the_sensitivity():
+@pytest.mark.parametrize("n_anchors", [None, 30])
+def test_one_trajectory_moves_the_release_by_at_most_the_sensitivity(n_anchors):
     """Add/remove one episode, over many random neighbouring shards: the released mean
-    moves by at most Delta = 2R/m; random neighbours come close to it (the clip binds)."""
+    (a readout, or the advantages on M anchors) moves by at most Delta = 2R/m (2R sqrt(M)/m
+    on anchors); random neighbours come close to it (the clip binds)."""
     rng = np.random.default_rng(1)
     enc = _encoder()
+    anchors = None if n_anchors is None else rng.uniform(-2, 2, size=(n_anchors, OBS))
+    bound = CLIP * math.sqrt(n_anchors or 1)
+    shape = (DIM, ACTIONS) if anchors is None else (n_anchors, ACTIONS)
     worst = 0.0
     for trial in range(60):
         base = [_episode(rng, int(rng.integers(1, 25)), i)
                 for i in range(int(rng.integers(0, 12)))]
         extra = _episode(rng, int(rng.integers(1, 40)), 1000 + trial)
-        small = _model(base, enc) if base else None
-        big = _model([*base, extra], enc)
-        assert big.sensitivity == pytest.approx(2 * CLIP / CHUNKS)
-        r0 = small.readout() if small is not None else np.zeros((DIM, ACTIONS))
+        small = _model(base, enc, anchors=anchors) if base else None
+        big = _model([*base, extra], enc, anchors=anchors)
+        assert big.sensitivity == pytest.approx(2 * bound / CHUNKS)
+        r0 = small.readout() if small is not None else np.zeros(shape)
+        assert big.readout().shape == shape
         moved = float(np.linalg.norm(big.readout() - r0))
         assert moved <= big.sensitivity * (1 + 1e-9)
         worst = max(worst, moved / big.sensitivity)
         norms = [np.linalg.norm(big.chunk_readout(j)) for j in range(CHUNKS)]
-        assert max(norms) <= CLIP * (1 + 1e-9)
+        assert max(norms) <= bound * (1 + 1e-9)
     assert worst > 0.5
+
+
+def test_anchor_release_is_the_chunks_advantages_on_the_anchors():
+    """Unclipped (a huge R), the anchor release is the mean over chunks of each chunk
+    readout's Q-values on the anchors, centred over actions."""
+    rng = np.random.default_rng(11)
+    enc, anchors = _encoder(), rng.uniform(-2, 2, size=(9, OBS))
+    episodes = [_episode(rng, 8, i) for i in range(12)]
+    model = _model(episodes, enc, clip=1e9, anchors=anchors)
+    q = [enc.encode(anchors) @ model.chunk_fit(j) for j in range(CHUNKS)]
+    np.testing.assert_allclose(model.readout(),
+                               np.mean([a - a.mean(1, keepdims=True) for a in q], 0))
+
+
+@pytest.mark.parametrize("dim", [6, 60])
+def test_each_chunk_fit_is_ridge_fqi(dim):
+    """Whichever of the two ridge solves a chunk uses (fewer rows than features: the dual
+    one), its fit is the primal ridge FQI iterate, sweep for sweep."""
+    rng = np.random.default_rng(12)
+    enc = _encoder(dim)
+    model = _model([_episode(rng, 6, i) for i in range(10)], enc, chunks=2, ridge=0.3,
+                   sweeps=4)
+    lo, hi = REWARDS[0] / (1 - GAMMA), REWARDS[1] / (1 - GAMMA)
+    for j in range(2):
+        rows = model.chunk == j
+        x, xn = model.features[rows], model.next_features[rows]
+        acts, r, cont = model.actions[rows], model.rewards[rows], model.continues[rows]
+        w = np.zeros((dim, ACTIONS))
+        for _ in range(4):
+            y = np.clip(r + GAMMA * cont * np.clip((xn @ w).max(1), lo, hi), lo, hi)
+            for a in range(ACTIONS):
+                xa = x[acts == a]
+                w[:, a] = np.linalg.solve(xa.T @ xa + 0.3 * np.eye(dim), xa.T @ y[acts == a])
+        np.testing.assert_allclose(model.chunk_fit(j), w, rtol=1e-7, atol=1e-9)
 
 
 def test_advantage_readout_keeps_the_greedy_policy():
@@ -178,16 +219,48 @@ def test_noise_off_needs_a_run_marked_non_private(tmp_path):
 def test_config():
     with pytest.raises(ConfigError, match="privacy"):
         RunConfig(privacy="zcdp", strategy="exact")
-    with pytest.raises(ConfigError, match="privacy"):
-        RunConfig(privacy="zcdp", encoder="heterogeneous")
+    with pytest.raises(ConfigError, match="use 'anchor'"):
+        RunConfig(privacy="zcdp", encoder="heterogeneous", strategy="avg")
+    with pytest.raises(ConfigError, match="'strategy' = 'avg'"):
+        RunConfig(privacy="zcdp", strategy="anchor")
+    with pytest.raises(ConfigError, match="'protocol' = 'offline'"):
+        RunConfig(privacy="zcdp", protocol="online")
     assert RunConfig(privacy="zcdp").resolved_strategy == "avg"
+    assert RunConfig(privacy="zcdp", encoder="heterogeneous").resolved_strategy == "anchor"
+
+
+def test_heterogeneous_evaluation_claims_no_size_and_uses_no_data(tmp_path):
+    """A private heterogeneous client's evaluation reply: the compiled teacher's return, the
+    same whatever its shard (two partitions' shards, the same encoder seed), size 1."""
+    from fedqhd.learners.fqi import LEARNER, client_encoder
+
+    cfg = RunConfig(privacy="zcdp", encoder="heterogeneous", episodes_per_client=3,
+                    eval_episodes=2, output_dir=str(tmp_path))
+    anchors = np.random.default_rng(13).uniform(-0.2, 0.2, size=(40, 4))
+    teacher = client_encoder(cfg, 0).encode(anchors) @ np.random.default_rng(14).normal(
+        size=(client_encoder(cfg, 0).encode(anchors).shape[1], 2))
+    got = []
+    for episodes, noise in ((3, "numpy"), (9, "numpy"), (3, "none")):
+        context = Context(run_id=1, node_id=1, node_config={
+            "partition-id": 0, "num-partitions": 2, "noise": noise},
+            state=RecordDict(), run_config={})
+        got.append(LEARNER.evaluate(context, cfg.replace(episodes_per_client=episodes),
+                                    {C.ANCHORS: anchors, C.TEACHER: teacher}))
+    assert got[0][C.NUM_TRANSITIONS] == got[1][C.NUM_TRANSITIONS] == 1
+    assert got[0][C.RETURN_MEAN] == got[1][C.RETURN_MEAN]
+    assert (got[0][C.PRIVATE], got[2][C.PRIVATE]) == (1, 0)
 
 
 @pytest.mark.slow
-def test_private_run_learns_and_reports_the_accountants_epsilon(tmp_path, monkeypatch):
+@pytest.mark.parametrize("keys", [
+    {"episodes-per-client": 500, "privacy-chunks": 50},
+    {"encoder": "heterogeneous", "episodes-per-client": 200, "privacy-chunks": 20,
+     "num-anchors": 200}], ids=["shared", "heterogeneous"])
+def test_private_run_learns_and_reports_the_accountants_epsilon(tmp_path, monkeypatch, keys):
     """In process, CartPole offline shards, epsilon 8 at delta 1e-5 (one fixed noise draw): the
     private run's greedy policy beats uniform random, and every client's reported epsilon
-    is the accountant's for the rho the run spent."""
+    is the accountant's for the rho the run spent; shared encoder (a readout released) and
+    heterogeneous ones (advantages on the anchors)."""
     from benchmarks.private_fedqhd import SETTING, rho_for_epsilon
     from fedqhd.client.app import app as client_app
     from fedqhd.server.app import run_federation
@@ -205,7 +278,7 @@ def test_private_run_learns_and_reports_the_accountants_epsilon(tmp_path, monkey
 
     monkeypatch.setattr("fedqhd.learners.fqi_private.make_noise_source", fixed_noise)
     rho = rho_for_epsilon(8.0, 1e-5, "numpy")
-    cfg = RunConfig.from_run_config({**SETTING, "seed": 0, "privacy": "zcdp",
+    cfg = RunConfig.from_run_config({**SETTING, **keys, "seed": 0, "privacy": "zcdp",
                                      "privacy-rho": rho, "output-dir": str(tmp_path)})
     node = {"rho": 10.0, "rho-budget": 10.0}
     grid = InProcessGrid([client_app] * 5, run_config=cfg.to_run_config(),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from collections.abc import Callable, Sequence
 from logging import WARNING
 from typing import Any
@@ -474,28 +475,54 @@ def anchor_plan(cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
 _PRIVATE_READOUTS: BoundedCache[PrivateReadout] = BoundedCache(256 << 20)
 
 
-def private_reply(context: Context, cfg: RunConfig) -> tuple[Arrays | None, Metrics]:
+def private_reply(context: Context, cfg: RunConfig, arrays: Arrays
+                  ) -> tuple[Arrays | None, Metrics]:
     """A private run's reply (:mod:`fedqhd.learners.fqi_private`): the node's noisy
-    readout; the clipped chunk fits are cached in this process, the release lives in
+    readout, or its noisy advantages on the anchors the server sent (heterogeneous
+    encoders); the clipped chunk fits are cached in this process, the release lives in
     ``context.state`` and the ledger on disk."""
     pid, n_parts = partition(context)
     data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
     node = NodeSettings.of(context.node_config)
-    key = ("private", context.run_id, pid, n_parts, data_dir, cfg, node)
+    anchors = arrays.get(C.ANCHORS)
+    digest = None if anchors is None else hashlib.sha1(
+        np.ascontiguousarray(anchors, dtype=np.float64).tobytes()).hexdigest()
+    key = ("private", context.run_id, pid, n_parts, data_dir, cfg, node, digest)
 
     def build() -> PrivateReadout:
-        return private_model(cfg, _node_shard(cfg, pid, n_parts, data_dir, node))
+        return private_model(cfg, _node_shard(cfg, pid, n_parts, data_dir, node), pid, anchors)
 
     model = _PRIVATE_READOUTS.get(key, build, (context.run_id, cfg))
     return private_readout(context, cfg, model, pid)
 
 
-def private_model(cfg: RunConfig, shard: Shard) -> PrivateReadout:
-    """A private client's readout model of ``shard`` under the run's settings (the privacy
-    audit builds its neighbouring releases with it too)."""
-    return PrivateReadout(shard, shared_encoder(cfg).encode, get_spec(cfg.env_id).n_actions,
+def private_evaluate(context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
+    """A private heterogeneous client's evaluation: the greedy return of the (public)
+    teacher compiled into its own features, nothing fitted to its shard, so the return is
+    post-processing of the releases; it claims no size (its shard's is private)."""
+    pid, n_parts = partition(context)
+    data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
+    encoder = client_encoder(cfg, pid)
+    readout = RidgeSystem(encoder.encode(arrays[C.ANCHORS]), cfg.ridge).solve(arrays[C.TEACHER])
+    # the env the client acts in (its dynamics under dynamics-skew) is not its trajectories
+    shard = _node_shard(cfg, pid, n_parts, data_dir, NodeSettings.of(context.node_config))
+    returns = greedy_return(cfg, encoder, readout, party=pid,
+                            dynamics=shard.metadata.get("dynamics"))
+    noisy = int(NodeSettings.of(context.node_config).noise != "none")
+    return {C.NUM_TRANSITIONS: 1, C.PRIVATE: noisy, C.RETURN_MEAN: float(returns.mean()),
+            C.RETURN_STD: float(returns.std())}
+
+
+def private_model(cfg: RunConfig, shard: Shard, partition_id: int = 0,
+                  anchors: np.ndarray | None = None) -> PrivateReadout:
+    """A private client's readout model of ``shard`` under the run's settings, in client
+    ``partition_id``'s encoder, released on ``anchors`` when given (the privacy audit builds
+    its neighbouring releases with it too)."""
+    encoder = client_encoder(cfg, partition_id)
+    return PrivateReadout(shard, encoder.encode, get_spec(cfg.env_id).n_actions,
                           cfg.gamma, cfg.ridge, public_reward_range(cfg), cfg.privacy_chunks,
-                          cfg.privacy_clip_norm, cfg.local_iterations)
+                          cfg.privacy_clip_norm, cfg.local_iterations,
+                          None if anchors is None else encoder.encode(anchors))
 
 
 def public_reward_range(cfg: RunConfig) -> tuple[float, float]:
@@ -513,12 +540,18 @@ def private_plan(cfg: RunConfig, initial: ArrayRecord,
     """FedQHDAvg (uniform average of the noisy readouts: post-processing) behind a
     PrivacyScreen (replies must declare ``private = 1`` unless the run is marked
     non-private)."""
-    value_range = public_value_range(public_reward_range(cfg), cfg.gamma)
     avg = FedQHDAvg(fraction_evaluate=0.0, aggregate="sampled", **strategy_kwargs)
-    info = {"readout-shape": shape, "privacy": "zcdp", "privacy-rho": cfg.privacy_rho,
-            "value-range": list(value_range),
-            "readout-sensitivity": 2.0 * cfg.privacy_clip_norm / cfg.privacy_chunks}
+    info = {"readout-shape": shape, **private_info(cfg)}
     return ServerPlan(PrivacyScreen(avg, cfg.non_private), initial, evaluate, info)
+
+
+def private_info(cfg: RunConfig, anchors: int = 1) -> dict[str, Any]:
+    """A private run's facts for ``run_config.json``: rho, the public value range and the
+    release's sensitivity (on ``anchors`` anchor states, or 1 for a readout)."""
+    value_range = public_value_range(public_reward_range(cfg), cfg.gamma)
+    return {"privacy": "zcdp", "privacy-rho": cfg.privacy_rho, "value-range": list(value_range),
+            "release-sensitivity": 2.0 * cfg.privacy_clip_norm * math.sqrt(anchors)
+            / cfg.privacy_chunks}
 
 
 # ------------------------------------------------------------------ registry entry
@@ -554,7 +587,11 @@ class FQI:
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
         spec = get_spec(cfg.env_id)
         if cfg.resolved_strategy == "anchor":
-            return anchor_plan(cfg, **strategy_kwargs)
+            plan = anchor_plan(cfg, **strategy_kwargs)
+            if cfg.privacy == "zcdp":  # the noisy anchor values: post-processing only
+                plan.strategy = PrivacyScreen(plan.strategy, cfg.non_private)
+                plan.run_info.update(private_info(cfg, plan.run_info["anchors-shape"][0]))
+            return plan
         evaluate = readout_evaluator(cfg)
         shape = [cfg.hd_dim, spec.n_actions]
         initial = C.to_array_record({C.READOUT: np.zeros(shape)})
@@ -595,8 +632,8 @@ class FQI:
               ) -> tuple[Arrays | None, Metrics]:
         """Adopt the global Q-function, run local FQI sweeps pulled toward it, reply (admm:
         one consensus step, its dual kept in ``context.state``)."""
-        if cfg.privacy == "zcdp" and C.READOUT in arrays:
-            return private_reply(context, cfg)
+        if cfg.privacy == "zcdp":
+            return private_reply(context, cfg, arrays)
         learner, shard = node_learner(context, cfg)
         metrics: Metrics = {C.NUM_TRANSITIONS: learner.n_transitions}
         if NodeSettings.of(context.node_config).value_check == "warn":
@@ -627,6 +664,8 @@ class FQI:
     def evaluate(self, context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
         """Greedy return of the global Q-function as this client's features express it
         (compiled teacher, or the shared readout), in this client's own environment."""
+        if cfg.privacy == "zcdp":
+            return private_evaluate(context, cfg, arrays)
         learner, shard = node_learner(context, cfg)
         metrics: Metrics = {C.NUM_TRANSITIONS: learner.n_transitions}
         _adopt_global(learner, arrays, metrics)

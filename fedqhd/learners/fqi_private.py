@@ -1,5 +1,7 @@
 """Private FedQHD (run-config ``privacy = "zcdp"``): each client releases ONE noisy readout
-under rho-zCDP (output perturbation by sample-and-aggregate); shared encoder, offline shards.
+under rho-zCDP (output perturbation by sample-and-aggregate), offline shards; with a shared
+encoder the readout itself, with heterogeneous encoders its advantages on the run's public
+anchor states (FedQHDAnchor's reply).
 
 Unit of protection: ONE TRAJECTORY (episode) of a client's shard, add/remove-one
 neighbours (two shards are neighbours when one is the other plus one episode). Why a
@@ -23,6 +25,17 @@ The release (client side, :class:`PrivateReadout`):
    CartPole's chunk readouts have ``||w_j|| ~ 25`` but ``||u_j|| ~ 2-5`` (both actions'
    Q-values are close; the policy lives in their difference).
 4. The release is ``mean_j c_j + N(0, sigma^2 I)``, once per run.
+
+Heterogeneous encoders (``encoder = "heterogeneous"``, FedQHDAnchor): step 3 centres and
+clips the chunk's advantages on the M anchor states instead, ``u_j = A(X w_j)`` with ``X``
+the client's own features of the anchors, to Frobenius norm ``R sqrt(M)`` (R bounds the
+root-mean-square advantage row per anchor, the scale a readout's ``R`` has per state), so
+``Delta = 2 R sqrt(M) / m``. The anchors are public (drawn by the server from its own
+rollouts, uniformly, or a given file), the release is post-processing of the chunk fits as
+before, and so is everything after it: the server's teacher (the mean of the noisy
+releases) and each client's compilation of the teacher into its own features, whose greedy
+return is what the client reports (with ``num-transitions = 1``: its shard's size is
+private).
 
 Sensitivity (L2, add/remove one episode): only the episode's chunk ``j`` changes, from
 ``c_j`` to ``c_j'``, both of norm <= R, so the mean moves by
@@ -140,11 +153,14 @@ class PrivateReadout:
         R, the Frobenius norm each chunk's advantage readout is clipped to.
     sweeps : int
         FQI sweeps of each chunk's fit.
+    anchor_features : ndarray of shape (M, D), optional
+        The client's features of the public anchor states: release the chunks' advantages
+        there (heterogeneous encoders), clipped to ``R sqrt(M)``, instead of the readout.
     """
 
     def __init__(self, shard: Shard, encode: Any, n_actions: int, gamma: float, ridge: float,
                  reward_range: tuple[float, float], chunks: int, clip: float,
-                 sweeps: int) -> None:
+                 sweeps: int, anchor_features: np.ndarray | None = None) -> None:
         if chunks < 1 or clip <= 0 or ridge <= 0 or sweeps < 1:
             raise ValueError(f"need chunks >= 1, clip > 0, ridge > 0, sweeps >= 1; got "
                              f"{chunks}, {clip}, {ridge}, {sweeps}")
@@ -159,39 +175,60 @@ class PrivateReadout:
         self.rewards = np.clip(np.asarray(shard.rewards, dtype=np.float64), *self.reward_range)
         self.continues = 1.0 - np.asarray(shard.terminated, dtype=np.float64)
         self.dim = self.features.shape[1]
+        self.anchor_features = anchor_features
+        if anchor_features is not None and anchor_features.shape[1] != self.dim:
+            raise ValueError(f"anchor features have {anchor_features.shape[1]} columns, the "
+                             f"encoder {self.dim}")
         self.fingerprint = data_fingerprint(shard.observations, shard.actions, shard.rewards,
                                             shard.episode_ids)
         self._readout: np.ndarray | None = None
 
     @property
+    def bound(self) -> float:
+        """The Frobenius norm each chunk's contribution is clipped to: ``R``, or ``R sqrt(M)``
+        on M anchors."""
+        anchors = 1 if self.anchor_features is None else len(self.anchor_features)
+        return self.clip * math.sqrt(anchors)
+
+    @property
     def sensitivity(self) -> float:
-        """Delta = 2 R / m (module docstring)."""
-        return 2.0 * self.clip / self.chunks
+        """Delta = 2 R / m, or 2 R sqrt(M) / m on M anchors (module docstring)."""
+        return 2.0 * self.bound / self.chunks
 
     def chunk_fit(self, j: int) -> np.ndarray:
         """Chunk ``j``'s ridge FQI readout (D, |A|), before centring and clipping."""
         rows = np.flatnonzero(self.chunk == j)
         x, xn, acts = self.features[rows], self.next_features[rows], self.actions[rows]
-        eye = self.ridge * np.eye(self.dim)
         solves = []
         for a in range(self.n_actions):
             xa = x[acts == a]
-            solves.append((xa, np.linalg.cholesky(xa.T @ xa + eye)))
+            # the smaller of the two equal ridge solves: (X'X + lam I)^-1 X' y (D x D) or,
+            # when the chunk has fewer rows than features, X' (X X' + lam I)^-1 y
+            dual = len(xa) < self.dim
+            gram = xa @ xa.T if dual else xa.T @ xa
+            solves.append((xa, dual, np.linalg.cholesky(gram + self.ridge * np.eye(len(gram)))))
         readout = np.zeros((self.dim, self.n_actions))
         for _ in range(self.sweeps):
             y = bellman_targets(self.rewards[rows], self.continues[rows],
                                 (xn @ readout).max(axis=1), self.gamma, self.value_range)
-            for a, (xa, chol) in enumerate(solves):
-                rhs = xa.T @ y[acts == a]
-                readout[:, a] = np.linalg.solve(chol.T, np.linalg.solve(chol, rhs))
+            for a, (xa, dual, chol) in enumerate(solves):
+                ya = y[acts == a]
+                rhs = ya if dual else xa.T @ ya
+                solved = np.linalg.solve(chol.T, np.linalg.solve(chol, rhs))
+                readout[:, a] = xa.T @ solved if dual else solved
         return readout
 
     def chunk_readout(self, j: int) -> np.ndarray:
-        """Chunk ``j``'s contribution ``c_j``: its advantage readout clipped to R."""
-        return clip_norm(advantage(self.chunk_fit(j)), self.clip)
+        """Chunk ``j``'s contribution ``c_j``: its advantage readout (or its advantages on the
+        anchors) clipped to :attr:`bound`."""
+        fit = self.chunk_fit(j)
+        if self.anchor_features is not None:
+            fit = self.anchor_features @ fit
+        return clip_norm(advantage(fit), self.bound)
 
     def readout(self) -> np.ndarray:
-        """``mean_j c_j`` (D, |A|): what is released, before noise."""
+        """``mean_j c_j`` ((D, |A|), or (M, |A|) on anchors): what is released, before
+        noise."""
         if self._readout is None:
             self._readout = np.mean([self.chunk_readout(j) for j in range(self.chunks)], axis=0)
         return self._readout
@@ -237,9 +274,10 @@ def ledger_metrics(ledger: PrivacyLedger, sigma: float) -> dict[str, float]:
 
 def private_readout(context: Context, cfg: RunConfig, model: PrivateReadout, pid: int
                     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-    """A private client's reply: its noisy readout, released once (checked against the
-    shard's on-disk ledger first, one ledger entry) and resent from the node state in
-    later rounds (no new spend)."""
+    """A private client's reply: its noisy readout (``"readout"``, or ``"q-anchors"`` on
+    anchors), released once (checked against the shard's on-disk ledger first, one ledger
+    entry) and resent from the node state in later rounds (no new spend)."""
+    key = C.READOUT if model.anchor_features is None else C.Q_ANCHORS
     node = NodeSettings.of(context.node_config)
     metrics: dict[str, float] = {C.NUM_TRANSITIONS: 1, C.PARTITION_ID: pid}
     if node.noise == "none":  # the exact clipped readout: the node's consent, a marked run
@@ -248,7 +286,7 @@ def private_readout(context: Context, cfg: RunConfig, model: PrivateReadout, pid
                 f"client partition {pid}: noise is switched off (node config noise='none'), "
                 "which would release an exact readout of private trajectories; refused "
                 "because the run is not marked non-private (run-config non-private=true)")
-        return {C.READOUT: model.readout()}, {**metrics, C.PRIVATE: 0}
+        return {key: model.readout()}, {**metrics, C.PRIVATE: 0}
     rho = min(cfg.privacy_rho, node.rho)
     source = (NumpyNoise(np.random.default_rng([pool_noise_seed(cfg.seed, pid), 1]))
               if node.reproducible_noise else make_noise_source(node.noise))
@@ -259,8 +297,8 @@ def private_readout(context: Context, cfg: RunConfig, model: PrivateReadout, pid
             # release_real charges the ledger (refusing beyond the budget) before any
             # noise is drawn
             noisy = release_readout(model, rho, source, ledger)
-            context.state[STATE_RELEASE] = C.to_array_record({C.READOUT: noisy})
+            context.state[STATE_RELEASE] = C.to_array_record({key: noisy})
         record = context.state[STATE_RELEASE]
         assert isinstance(record, ArrayRecord)
         metrics.update(ledger_metrics(ledger, sigma_of(model.sensitivity, rho)))
-    return {C.READOUT: record[C.READOUT].numpy()}, metrics
+    return {key: record[key].numpy()}, metrics
