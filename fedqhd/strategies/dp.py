@@ -27,7 +27,8 @@ metrics the strategy keeps (reply counts, ``num-transitions``) are the trusted s
 own and are not noised (as Flower's wrapper says of metrics). Noise calibrated on ``n``
 assumes ``n`` replies: fewer (a failed or refused reply) average fewer clipped updates
 under the same noise (Flower warns), more (more nodes than ``n`` sampled) add more noise
-than needed (still private).
+than needed (still private). A reply equal to the global arrays (a zero update) fails the
+round: Flower 1.42's clipping divides by the update's norm.
 """
 
 from __future__ import annotations
@@ -108,7 +109,12 @@ class DPFedAvg(DifferentialPrivacyServerSideFixedClipping):
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         self.inner.last_train_metrics = None
-        arrays, metrics = super().aggregate_train(server_round, replies)
+        try:
+            arrays, metrics = super().aggregate_train(server_round, replies)
+        except ZeroDivisionError:  # Flower 1.42's clip divides by the update's norm
+            raise ValueError(f"DP-FedAvg round {server_round}: a reply equals the global "
+                             "arrays (a zero update), which Flower's fixed clipping cannot "
+                             "scale (it divides by the update's norm)") from None
         if self.inner.last_train_metrics is None:  # Flower's wrapper skipped the round
             failed = sum(1 for r in replies if r.has_error())
             self.inner.last_train_metrics = MetricRecord({
