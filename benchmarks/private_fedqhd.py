@@ -18,6 +18,17 @@ setting.
 prints a Markdown table (mean (standard error) over the seeds, and each seed) and the
 reported epsilon of every private run beside the requested one; ``--out FILE.json``
 keeps every cell and ``--plot FILE.png`` draws the curve.
+
+``--dqn`` adds the deep baseline on the same shards, seeds and clients: ``dqn`` is
+offline FedAvg-DQN (:data:`DQN`: the FedAvg-DQN MLP, ``local-iterations`` Adam steps per
+client per round on its shard) and ``dp-fedavg`` is the same run under Flower's
+server-side fixed-clipping DP wrapper (``privacy = "dp-fedavg"``) at the rho whose epsilon
+(delta, exact Gaussian curve: Flower's noise is numpy's continuous Gaussian) is the
+column's. The units differ: DP-FedAvg protects a whole CLIENT (all its episodes) with a
+trusted server adding the noise; private FedQHD protects ONE EPISODE with the client
+adding the noise. ``--no-fedqhd`` leaves out the FedQHD columns.
+
+    python benchmarks/private_fedqhd.py --dqn --no-fedqhd --seeds 5,6,7,8,9
 """
 
 from __future__ import annotations
@@ -47,6 +58,14 @@ EXACT: dict[str, Any] = {"strategy": "exact", "num-server-rounds": 10, "ridge": 
 ANCHOR: dict[str, Any] = {**EXACT, "strategy": "anchor"}
 #: the heterogeneous setting's anchors (FedQHDAnchor's default rollout anchors)
 HETEROGENEOUS: dict[str, Any] = {"encoder": "heterogeneous", "num-anchors": 1000}
+#: offline FedAvg-DQN (with SETTING's shards, gamma and evaluation; its hd-dim, ridge and
+#: chunks are unused): 8 rounds x 100 Adam steps per client, chosen on seeds 0-4 among 100,
+#: 200, 500 and 1000 steps per round over up to 20 rounds (mean greedy return 346 after
+#: round 8 at 100 steps; 265 after round 3 at 200; 238 after round 10 at 500); C = 1.0,
+#: about the median norm of the clients' updates in those runs (1.17; 10 % below 0.88, 10 %
+#: above 1.88). min-nodes is set to --clients: the DP noise is calibrated on it.
+DQN: dict[str, Any] = {"learner": "dqn", "encoder": "shared", "num-server-rounds": 8,
+                       "local-iterations": 100, "privacy-clip-norm": 1.0}
 
 
 def rho_for_epsilon(epsilon: float, delta: float, noise: str) -> float:
@@ -61,7 +80,8 @@ def rho_for_epsilon(epsilon: float, delta: float, noise: str) -> float:
 
 def run_cell(seed: int, clients: int, mode: str, rho: float, noise: str,
              extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One federation: ``mode`` is private, non-private (clipped, no noise) or exact."""
+    """One federation: ``mode`` is private, non-private (clipped, no noise), exact, dqn
+    (offline FedAvg-DQN) or dp-fedavg (the same under DP-FedAvg at ``rho``)."""
     from fedqhd.client.app import app as client_app
     from fedqhd.config import RunConfig
     from fedqhd.server.app import run_federation
@@ -69,7 +89,11 @@ def run_cell(seed: int, clients: int, mode: str, rho: float, noise: str,
 
     keys: dict[str, Any] = {**SETTING, **(extra or {}), "seed": seed,
                             "output-dir": tempfile.mkdtemp()}
-    if mode != "exact":
+    if mode in ("dqn", "dp-fedavg"):
+        keys.update({**DQN, "min-nodes": clients})
+        if mode == "dp-fedavg":
+            keys.update({"privacy": "dp-fedavg", "privacy-rho": rho})
+    elif mode != "exact":
         keys.update({"privacy": "zcdp", "privacy-rho": rho, "non-private": mode != "private"})
     else:
         keys.update(EXACT if keys.get("encoder", "shared") == "shared" else ANCHOR)
@@ -84,6 +108,8 @@ def run_cell(seed: int, clients: int, mode: str, rho: float, noise: str,
     final, _ = run_federation(grid, cfg)
     ledgers = final.get("privacy-ledgers", {})
     eps = [entry.get("epsilon") for entry in ledgers.values()] if mode == "private" else []
+    if mode == "dp-fedavg":
+        eps = [final["dp-fedavg"]["epsilon"]]
     return {"seed": seed, "mode": mode, "rho": rho, "return": final.get("return-mean"),
             "random": final.get("reference", {}).get("random-mean"),
             "epsilon-reported": max(e for e in eps if e is not None) if eps else None,
@@ -104,6 +130,9 @@ def main() -> None:
     parser.add_argument("--encoder", choices=("shared", "heterogeneous"), default="shared",
                         help="heterogeneous: each client its own encoder, advantages released "
                              "on the anchors (reference: FedQHDAnchor)")
+    parser.add_argument("--dqn", action="store_true",
+                        help="add offline FedAvg-DQN and DP-FedAvg-DQN at each epsilon")
+    parser.add_argument("--no-fedqhd", action="store_true", help="leave out FedQHD's columns")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
     os.environ["FEDQHD_LEDGER_DIR"] = tempfile.mkdtemp()  # studies spend no real budget
@@ -113,9 +142,16 @@ def main() -> None:
         key, value = item.split("=")
         extra[key] = float(value) if "." in value or "e" in value else int(value)
     columns: list[tuple[str, float, float | None]] = (
-        [] if args.no_reference else [("exact", 0.0, None), ("non-private", 1.0, None)])
-    for target in (float(e) for e in args.epsilons.split(",")):
-        columns.append(("private", rho_for_epsilon(target, args.delta, args.noise), target))
+        [] if args.no_reference or args.no_fedqhd
+        else [("exact", 0.0, None), ("non-private", 1.0, None)])
+    targets = [float(e) for e in args.epsilons.split(",")]
+    if not args.no_fedqhd:
+        for target in targets:
+            columns.append(("private", rho_for_epsilon(target, args.delta, args.noise), target))
+    if args.dqn:
+        columns.append(("dqn", 0.0, None))
+        for target in targets:  # Flower adds numpy's (continuous) Gaussian noise
+            columns.append(("dp-fedavg", rho_for_epsilon(target, args.delta, "numpy"), target))
     cells: list[dict[str, Any]] = []
     rows = []
     for mode, rho, eps in columns:
@@ -125,14 +161,16 @@ def main() -> None:
         cells.extend(got)
         returns = [float(c["return"]) for c in got]
         mean, se = _mean_se(returns)
-        label = mode if eps is None else f"private, eps {eps:g} (rho {rho:.4g})"
+        label = (mode if eps is None else f"{'DP-FedAvg-DQN' if mode == 'dp-fedavg' else 'private'}"
+                 f", eps {eps:g} (rho {rho:.4g})")
         reported = [c["epsilon-reported"] for c in got if c["epsilon-reported"] is not None]
         rep = f"{max(reported):.4g}" if reported else "-"
         rows.append(f"| {label} | {mean:.1f} ({se:.1f}) | "
                     f"{', '.join(f'{r:.0f}' for r in returns)} | {rep} |")
         print(rows[-1], flush=True)
     print(f"\nuniform random: {np.mean([c['random'] for c in cells]):.1f}; noise {args.noise}; "
-          f"{args.clients} clients; setting {json.dumps({**SETTING, **extra})}")
+          f"{args.clients} clients; setting {json.dumps({**SETTING, **extra})}"
+          + (f"; dqn {json.dumps(DQN)} (DP-FedAvg: exact Gaussian epsilon)" if args.dqn else ""))
     print("| run | return, mean (SE) | per seed | reported epsilon (max over clients) |")
     print("|---|---:|---|---:|")
     print("\n".join(rows))
@@ -159,18 +197,23 @@ def plot(cells: list[dict[str, Any]], path: str, subtitle: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    private = sorted({c["epsilon"] for c in cells if c["epsilon"] is not None})
-    stats = [_mean_se([c["return"] for c in cells if c["epsilon"] == e]) for e in private]
-    if private:
-        ax.errorbar(private, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o",
-                    capsize=3, label="private FedQHD (zCDP, one release a client)")
-    for mode, style in (("exact", "-"), ("non-private", "--")):
+    for curve, label in (("private", "private FedQHD (zCDP, one release a client; "
+                                      "unit: an episode)"),
+                         ("dp-fedavg", "DP-FedAvg-DQN (Flower's wrapper; unit: a client)")):
+        mine = [c for c in cells if c["mode"] == curve]
+        eps = sorted({c["epsilon"] for c in mine})
+        stats = [_mean_se([c["return"] for c in mine if c["epsilon"] == e]) for e in eps]
+        if eps:
+            ax.errorbar(eps, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o",
+                        capsize=3, label=label)
+    names = {"exact": "FedQHD, no privacy", "non-private": "chunked, no noise",
+             "dqn": "offline FedAvg-DQN"}
+    for mode, style in (("exact", "-"), ("non-private", "--"), ("dqn", "-.")):
         got = [c["return"] for c in cells if c["mode"] == mode]
         if got:
             mean, se = _mean_se(got)
             ax.axhline(mean, color="k", linestyle=style, linewidth=1,
-                       label=f"{'FedQHD, no privacy' if mode == 'exact' else 'chunked, no noise'}"
-                             f" {mean:.0f} (SE {se:.0f})")
+                       label=f"{names[mode]} {mean:.0f} (SE {se:.0f})")
     ax.axhline(float(np.mean([c["random"] for c in cells])), color="grey", linestyle=":",
                label="uniform random")
     ax.set_xscale("log", base=2)

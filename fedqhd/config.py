@@ -56,8 +56,9 @@ FEATURE_DTYPES: tuple[str, ...] = ("float64", "float32")
 #: the local learners, run-config ``learner``; the registry (:mod:`fedqhd.learners`) holds
 #: one entry per name (a test keeps the two in step) and checks each learner's own keys
 LEARNERS: tuple[str, ...] = ("fqi", "pool", "dqn")
-#: run-config ``privacy``: none, or zcdp (private FedQHD: one noisy readout per client)
-PRIVACY_MODES: tuple[str, ...] = ("none", "zcdp")
+#: run-config ``privacy``: none, zcdp (private FedQHD: one noisy readout per client), or
+#: dp-fedavg (offline FedAvg-DQN under Flower's server-side fixed-clipping DP wrapper)
+PRIVACY_MODES: tuple[str, ...] = ("none", "zcdp", "dp-fedavg")
 #: where the data come from: fixed private shards, or episodes collected every round
 PROTOCOLS: tuple[str, ...] = ("offline", "online")
 #: online protocol: "auto" takes the task's preset file (:mod:`fedqhd.presets`), "manual"
@@ -147,13 +148,14 @@ class RunConfig:
     learner: str = field(default="fqi", metadata=_key(
         _choice(LEARNERS), "local learner: fqi, pool (private) or dqn (the paper's "
         "deep baselines: FedAvg-DQN, strategy anchor: distillation FedDQN; online protocol, "
-        "extra dqn)"))
+        "or offline FedAvg-DQN on the shards; extra dqn)"))
     gamma: float = field(default=0.99, metadata=_key(_float_range(0.0, 1.0, hi_open=True),
                                                      "discount"))
     ridge: float = field(default=0.1, metadata=_key(_float_range(0.0, 1e9, lo_open=True),
                                                     "ridge penalty of FQI and compilation"))
     local_iterations: int = field(default=3, metadata=_key(_int_range(1, 10_000),
-                                                           "FQI sweeps per round"))
+                                                           "FQI sweeps per round; offline dqn: "
+                                                           "Adam steps per round"))
     proximal: float = field(default=0.3, metadata=_key(
         _float_range(0.0, 1e9), "pull toward the global readout (online readout averaging) "
         "or the compiled teacher (anchor)"))
@@ -254,24 +256,30 @@ class RunConfig:
     # ---- private FedQHD (learner = "fqi", offline; strategy avg, or anchor with
     # heterogeneous encoders) ----
     privacy: str = field(default="none", metadata=_key(_choice(PRIVACY_MODES), (
-        "none, or zcdp: private FedQHD, each client's one noisy release (sample-and-aggregate "
+        "none; zcdp: private FedQHD, each client's one noisy release (sample-and-aggregate "
         "over episode chunks, advantages clipped: the readout with a shared encoder, its values "
         "on the anchors with heterogeneous ones) under rho-zCDP per trajectory (the budget "
-        "and the noise are the node's)")))
+        "and the noise are the node's); dp-fedavg: offline "
+        "FedAvg-DQN under Flower's server-side fixed-clipping wrapper, rho-zCDP per client "
+        "(all its trajectories; the trusted server adds the noise; needs fraction-train 1, "
+        "aggregation mean; averages uniformly, no screening; noise calibrated on min-nodes "
+        "clients)")))
     privacy_rho: float = field(default=1.0, metadata=_key(
         _float_range(0.0, 1e6, lo_open=True), "privacy = zcdp: zCDP rho of one client's "
-        "release (its only one); at most the node config's 'rho'"))
+        "release (its only one), at most the node config's 'rho'; dp-fedavg: "
+        "rho of the whole run (noise multiplier sqrt(num-server-rounds / (2 rho)))"))
     privacy_chunks: int = field(default=50, metadata=_key(_int_range(1, 1_000_000), (
         "privacy = zcdp: m, the chunks a client's episodes are hashed into; each chunk fits "
         "FQI alone (ridge, local-iterations sweeps); the release's sensitivity is 2 R / m "
         "(2 R sqrt(M) / m on M anchors); about 20 episodes a chunk")))
     privacy_clip_norm: float = field(default=5.0, metadata=_key(
         _float_range(0.0, 1e9, lo_open=True), "privacy = zcdp: R, the Frobenius norm each "
-        "chunk's advantage readout (centred over actions) is clipped to; on M anchors its "
-        "advantages are clipped to R sqrt(M)"))
+        "chunk's advantage readout (centred over actions) is clipped to (on M anchors its "
+        "advantages to R sqrt(M)); dp-fedavg: C, the L2 norm each client's network update "
+        "is clipped to"))
     privacy_delta: float = field(default=1e-5, metadata=_key(
         _float_range(0.0, 1.0, lo_open=True, hi_open=True),
-        "privacy = zcdp: delta of the reported epsilon"))
+        "privacy = zcdp, dp-fedavg: delta of the reported epsilon"))
     #: the POOL learner's settings, from the preset (not a run-config key)
     pool: PoolSettings = field(default=PoolSettings(), init=False,
                                metadata={"check": lambda v: None, "key": False})
@@ -301,6 +309,8 @@ class RunConfig:
                               "readouts of different encoders cannot be averaged; use 'anchor'")
         if self.privacy == "zcdp":
             self._check_private()
+        if self.privacy == "dp-fedavg":
+            self._check_dp_fedavg()
         if self.resolved_strategy == "exact":
             if self.encoder != "shared":
                 raise ConfigError("run-config key 'strategy' = 'exact' needs 'encoder' = "
@@ -363,6 +373,29 @@ class RunConfig:
             raise ConfigError("run-config key 'resume-from' cannot continue a private run "
                               "(privacy = 'zcdp'): its releases live in the node states, and "
                               "releasing again would spend the budget again")
+
+    def _check_dp_fedavg(self) -> None:
+        """DP-FedAvg: offline FedAvg-DQN, every client every round, a plain mean."""
+        if self.learner != "dqn" or self.protocol != "offline":
+            raise ConfigError("run-config key 'privacy' = 'dp-fedavg' needs 'learner' = 'dqn' "
+                              f"and 'protocol' = 'offline', got {self.learner!r} and "
+                              f"{self.protocol!r} (private FedQHD is privacy = 'zcdp')")
+        if self.resolved_strategy != "avg":
+            raise ConfigError("run-config key 'privacy' = 'dp-fedavg' averages networks: it "
+                              "needs 'strategy' = 'avg' (or 'auto') and 'encoder' = 'shared', "
+                              f"got {self.strategy!r} and {self.encoder!r}")
+        if self.fraction_train != 1.0:
+            raise ConfigError("run-config key 'privacy' = 'dp-fedavg' accounts for every "
+                              "client in every round: it needs 'fraction-train' = 1, got "
+                              f"{self.fraction_train}")
+        if self.aggregation != "mean":
+            raise ConfigError("run-config key 'privacy' = 'dp-fedavg' calibrates its noise to "
+                              "a mean of clipped updates: 'aggregation' must be 'mean', got "
+                              f"{self.aggregation!r}")
+        if self.non_private:
+            raise ConfigError("run-config key 'non-private' = true marks zcdp runs whose nodes "
+                              "add no noise; dp-fedavg's noise is the server's: for a "
+                              "non-private run set 'privacy' = 'none'")
 
     def _check_pooled(self) -> None:
         """The pooled oracle sums the statistics of one feature space, of every client, in

@@ -31,6 +31,7 @@ _POOL_EVALUATION = 3
 _ONLINE_CLIENT = 0x0B1E
 _DQN_BATCHES = 0xBA7C
 _DQN_INIT = 0x1417
+_DQN_OFFLINE = 0x0FF1
 _DQN_EVALUATION_OFFSET = 10**6
 
 
@@ -123,6 +124,13 @@ def dqn_batch_rng(seed: int, n_clients: int, first: int = 0) -> np.random.Genera
     if first == 0:
         return _rng(seed, n_clients, _DQN_BATCHES)
     return _rng(seed, n_clients, _DQN_BATCHES, first)
+
+
+def dqn_offline_rng(seed: int, partition_id: int, digest: bytes) -> np.random.Generator:
+    """An offline DQN client's minibatch draws of one round: from the run seed, its
+    partition and ``digest`` (of the global network it received; the client keeps no
+    state, and every round's network differs)."""
+    return _rng(seed, partition_id, _DQN_OFFLINE, int.from_bytes(digest[:8], "little"))
 
 
 def dqn_init_rng(seed: int) -> np.random.Generator:

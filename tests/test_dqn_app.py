@@ -24,15 +24,16 @@ def test_missing_jax_refuses_the_run_config_with_the_install_command(monkeypatch
         parse_run_config({"protocol": "online", "learner": "dqn"})
 
 
-def test_dqn_config_takes_the_papers_settings_and_needs_the_online_protocol():
+def test_dqn_config_takes_the_papers_settings_and_distillation_needs_the_online_protocol():
     pytest.importorskip("jax")
     pytest.importorskip("optax")
     cfg = RunConfig.from_run_config({"protocol": "online", "learner": "dqn"})
     assert (cfg.gamma, cfg.episodes_per_round) == (0.99, 25)
     assert cfg.online.epsilon == (1.0, 0.995, 0.001)
     assert cfg.num_server_rounds == 24  # 600 episodes per client, as the paper
-    with pytest.raises(ConfigError, match="'learner' = 'dqn'.*'protocol' = 'online'"):
-        parse_run_config({"learner": "dqn"})
+    assert parse_run_config({"learner": "dqn"}).protocol == "offline"  # offline FedAvg-DQN
+    with pytest.raises(ConfigError, match="distillation FedDQN.*needs 'protocol' = 'online'"):
+        parse_run_config({"learner": "dqn", "encoder": "heterogeneous"})
     assert cfg.num_anchors == 200  # the paper's, for distillation
     for strategy, encoder in (("anchor", "shared"), ("auto", "heterogeneous")):
         distill = RunConfig.from_run_config({"protocol": "online", "learner": "dqn",

@@ -61,6 +61,7 @@ __all__ = [
     "initial_networks",
     "mlp_q",
     "network_shapes",
+    "offline_train",
 ]
 
 #: the paper's MLP: state-128-256-|A|
@@ -128,14 +129,33 @@ def _kernels(lr: float, gamma: float):
     def where(c, new, old):
         return jax.tree_util.tree_map(lambda a, b: jnp.where(c, a, b), new, old)
 
-    def train_one(p, tp, opt, m, s, a, r, s2, term, do_train, do_sync, obs):
+    def td_step(p, tp, opt, m, s, a, r, s2, term):
+        """THE gradient step of both protocols: one Adam step on the minibatch's Huber
+        TD loss against the target network ``tp``."""
         loss, g = jax.value_and_grad(td_loss)(p, tp, m, s, a, r, s2, term)
         upd, opt_new = tx.update(g, opt, p)
-        p = where(do_train, optax.apply_updates(p, upd), p)
+        return optax.apply_updates(p, upd), opt_new, loss
+
+    def train_one(p, tp, opt, m, s, a, r, s2, term, do_train, do_sync, obs):
+        p_new, opt_new, loss = td_step(p, tp, opt, m, s, a, r, s2, term)
+        p = where(do_train, p_new, p)
         opt = where(do_train, opt_new, opt)
         tp = where(do_sync, p, tp)
         greedy = jnp.argmax(q_one(p, m, obs[None, :])[0])
         return p, tp, opt, loss, greedy
+
+    def offline_one(p, tp, opt, m, s, a, r, s2, term, target_update):
+        """``len(s)`` TD steps, one per minibatch (leading axis), the target network
+        hard-copied after every ``target_update``-th step (the online rule)."""
+        def body(carry, batch):
+            p, tp, opt, k = carry
+            p, opt, loss = td_step(p, tp, opt, m, *batch)
+            k = k + 1
+            tp = where(k % target_update == 0, p, tp)
+            return (p, tp, opt, k), loss
+
+        (p, tp, opt, _), losses = jax.lax.scan(body, (p, tp, opt, 0), (s, a, r, s2, term))
+        return p, opt, losses
 
     def kl_one(p, m, x, teacher, tau):
         log_q = jax.nn.log_softmax(q_one(p, m, x) / tau, axis=1)
@@ -155,6 +175,7 @@ def _kernels(lr: float, gamma: float):
     return SimpleNamespace(
         tx=tx,
         step=jax.jit(jax.vmap(train_one)),
+        offline=jax.jit(offline_one),
         greedy=jax.jit(jax.vmap(lambda p, m, o: jnp.argmax(q_one(p, m, o[None, :])[0]))),
         q=jax.jit(jax.vmap(q_one, in_axes=(0, 0, None))),
         kl=jax.jit(jax.vmap(kl_one, in_axes=(0, 0, None, 0, None))),
@@ -207,6 +228,38 @@ def mlp_q(params: Sequence[np.ndarray], states: np.ndarray) -> np.ndarray:
     h = np.maximum(np.asarray(states, np.float64) @ w1 + b1, 0.0)
     h = np.maximum(h @ w2 + b2, 0.0)
     return h @ w3 + b3
+
+
+def offline_train(params: Sequence[np.ndarray], data: Sequence[np.ndarray], steps: int,
+                  rng: np.random.Generator, gamma: float = 0.99, lr: float = 1e-3,
+                  batch_size: int = 64, target_update: int = 500
+                  ) -> tuple[list[np.ndarray], np.ndarray]:
+    """``steps`` DQN steps on a fixed set of transitions: offline FedAvg-DQN's client update.
+
+    The transitions ``data`` = (states, actions, rewards, next states, terminated) are the
+    replay buffer; each step is the online protocol's gradient step (the same jitted
+    ``td_step``: Huber loss of ``r + gamma (1 - terminated) max_a Q_target(s', a)``, one
+    Adam step, learning rate ``lr``) on ``batch_size`` transitions drawn uniformly with
+    replacement by ``rng``. The target network starts as ``params`` and is copied from the
+    online network every ``target_update`` steps. Adam starts fresh (a FedAvg client keeps
+    no optimiser state between rounds). Returns the new network (float32 arrays of
+    ``params``' shapes) and the TD loss of every step (before it).
+    """
+    jax, jnp, _ = _require_jax()
+    k = _kernels(float(lr), float(gamma))
+    s, a, r, s2, term = (np.asarray(x) for x in data)
+    n = len(a)
+    if n == 0 or steps < 1:
+        raise ValueError(f"offline_train needs transitions and steps >= 1, got {n} "
+                         f"transitions and {steps} steps")
+    idx = rng.integers(n, size=(int(steps), int(batch_size)))
+    p = tuple(jnp.asarray(np.asarray(x, np.float32)) for x in params)
+    masks = (jnp.ones(p[1].shape, jnp.float32), jnp.ones(p[3].shape, jnp.float32))
+    p, _, losses = k.offline(p, p, k.tx.init(p), masks, s[idx].astype(np.float32),
+                             a[idx].astype(np.int32), r[idx].astype(np.float32),
+                             s2[idx].astype(np.float32), term[idx].astype(np.float32),
+                             int(target_update))
+    return [np.asarray(x) for x in p], np.asarray(losses)
 
 
 class _Replay:

@@ -18,7 +18,18 @@ env copy, one Adam step on a replay minibatch after every env step
   round's evaluation (or its next train if it was not evaluated), and evaluates its own
   network. Settings: :data:`~fedqhd.baselines.dqn.DISTILL_SETTINGS`.
 
-Every reply carries ``train-return-last100``. The paper suite (``fedqhd bench --suite
+Offline FedAvg-DQN (``protocol = "offline"``; FedAvg only): no env steps; each round a
+client loads the global network and takes ``local-iterations`` Adam steps of the same TD
+update on minibatches of 64 drawn from its own shard (the shard is its replay buffer;
+target network: the global network, copied every 500 steps; fresh Adam each round,
+:func:`fedqhd.baselines.dqn.offline_train`), and replies its network. The client keeps
+nothing between rounds; its minibatches are drawn from a stream of (seed, partition,
+the received network). With ``privacy = "dp-fedavg"`` the server wraps the FedAvg strategy
+in Flower's server-side fixed-clipping DP wrapper (:mod:`fedqhd.strategies.dp`: clip every
+update to ``privacy-clip-norm``, uniform mean, Gaussian noise of noise multiplier
+``sqrt(num-server-rounds / (2 privacy-rho))``; client-level DP with a trusted server).
+
+Every online reply carries ``train-return-last100``. The paper suite (``fedqhd bench --suite
 paper``, methods ``fedavg-dqn`` and ``distill-dqn``) runs this app in process.
 
 A node's client (networks, target, both Adam states, replay rows and pointer, RNG
@@ -52,6 +63,7 @@ from fedqhd.baselines.dqn import (
     initial_networks,
     mlp_q,
     network_shapes,
+    offline_train,
 )
 from fedqhd.config import RunConfig
 from fedqhd.data.partition import partition_settings
@@ -67,15 +79,20 @@ from fedqhd.learners.base import (
     reference_report,
     reply_counts_text,
 )
-from fedqhd.learners.fqi import anchor_plan
+from fedqhd.learners.fqi import anchor_plan, generated_shard_problem, node_shard
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, with_train_return
 from fedqhd.learners.nodestate import NodeStates
-from fedqhd.seeding import SERVER, evaluation_seed
+from fedqhd.seeding import SERVER, dqn_offline_rng, evaluation_seed
 from fedqhd.strategies import FedQHDAvg
 from fedqhd.strategies import contract as C
+from fedqhd.strategies.dp import DP_FEDAVG, DPFedAvg, accounting, noise_multiplier
 
 DISTILL_KL_BEFORE = "distill-kl-before"  #: reply metric: KL to the teacher before its steps
 DISTILL_KL_AFTER = "distill-kl-after"  #: reply metric: and after
+TD_LOSS_START = "td-loss-start"  #: offline reply metric: mean TD loss of the round's first steps
+TD_LOSS_END = "td-loss-end"  #: offline reply metric: and of its last steps
+#: Adam steps averaged in the offline loss metrics (at most a tenth of the round's)
+_LOSS_WINDOW = 50
 _INFO_KEYS = ("teacher-digest",)  # node facts in context.state beside the client's
 
 
@@ -210,6 +227,11 @@ class DeepBaselines:
                     diagnostics=((DISTILL_KL_AFTER, "KL to the teacher after distillation"),))
 
     def title(self, cfg: RunConfig) -> str:
+        if cfg.protocol == "offline":
+            dp = (f", DP-FedAvg (z {dp_noise_multiplier(cfg):.3g}, C "
+                  f"{cfg.privacy_clip_norm:g})" if cfg.privacy == DP_FEDAVG else "")
+            return (f"{cfg.env_id}: offline FedAvg-DQN, {cfg.local_iterations} Adam steps per "
+                    f"round{dp}")
         method = (f"distillation FedDQN ({distill_setting(cfg)} widths)"
                   if is_distillation(cfg) else "FedAvg-DQN")
         return f"{cfg.env_id}: {method}, {cfg.episodes_per_round} episodes per round"
@@ -222,10 +244,15 @@ class DeepBaselines:
         if missing:
             return (f"run-config key 'learner' = 'dqn' needs {' and '.join(missing)}: install "
                     "the optional extra, pip install 'fedqhd[dqn]'")
-        if cfg.protocol != "online":
-            return ("run-config key 'learner' = 'dqn' (the paper's deep baselines learn from "
-                    f"the episodes they collect) needs 'protocol' = 'online', got "
-                    f"{cfg.protocol!r}")
+        if cfg.protocol == "offline" and is_distillation(cfg):
+            return ("run-config key 'protocol' = 'offline' with 'learner' = 'dqn' runs "
+                    "FedAvg-DQN only (strategy 'auto' or 'avg', encoder 'shared'); "
+                    "distillation FedDQN (strategy 'anchor' or a heterogeneous encoder) needs "
+                    "'protocol' = 'online'")
+        if cfg.protocol == "offline":
+            problem = generated_shard_problem(cfg)
+            if problem:
+                return problem
         if cfg.strategy not in ("auto", "avg", "anchor"):
             return (f"run-config key 'strategy' = {cfg.strategy!r}: learner 'dqn' runs "
                     "FedAvg-DQN (strategy 'auto' or 'avg', shared encoder) or distillation "
@@ -243,7 +270,16 @@ class DeepBaselines:
             return with_train_return(plan)
         shapes = _shapes(cfg)
         kwargs = {k: v for k, v in strategy_kwargs.items() if k != "min_evaluate_nodes"}
-        strategy = FedQHDAvg(fraction_evaluate=0.0, array_key=C.NETWORK, **kwargs)
+        info: dict[str, Any] = {"network-shapes": [list(s) for s in shapes]}
+        if cfg.privacy == DP_FEDAVG:
+            # the noise is calibrated to a uniform mean of clipped updates: no weights and no
+            # screening that depends on the other replies (the DP clip bounds every update)
+            kwargs.update(weighting="uniform", clip_factor=0.0, norm_bound_factor=0.0)
+        strategy: Any = FedQHDAvg(fraction_evaluate=0.0, array_key=C.NETWORK, **kwargs)
+        if cfg.privacy == DP_FEDAVG:
+            z = dp_noise_multiplier(cfg)
+            strategy = DPFedAvg(strategy, z, cfg.privacy_clip_norm, cfg.min_nodes)
+            info[DP_FEDAVG] = dp_report(cfg)
 
         def evaluate(arrays: ArrayRecord) -> MetricRecord:
             returns = _greedy_returns(cfg, unpack(arrays[C.NETWORK].numpy(), shapes), SERVER)
@@ -251,20 +287,27 @@ class DeepBaselines:
                                  C.RETURN_STD: float(returns.std())})
 
         initial = C.to_array_record({C.NETWORK: pack(initial_network(cfg.env_id, cfg.seed))})
-        return with_train_return(ServerPlan(strategy, initial, evaluate,
-                                            {"network-shapes": [list(s) for s in shapes]}))
+        plan = ServerPlan(strategy, initial, evaluate, info)
+        return plan if cfg.protocol == "offline" else with_train_return(plan)
 
     def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
         nan = float("nan")
         kl = (f" | KL to teacher {row[DISTILL_KL_BEFORE]:.3g} -> {row[DISTILL_KL_AFTER]:.3g}"
               if DISTILL_KL_AFTER in row else "")
+        if cfg.protocol == "offline":
+            return (f"greedy return {row.get(C.RETURN_MEAN, nan):.1f} +- "
+                    f"{row.get(C.RETURN_STD, nan):.1f} | TD loss {row.get(TD_LOSS_START, nan):.3g}"
+                    f" -> {row.get(TD_LOSS_END, nan):.3g} | {reply_counts_text(row)}")
         return (f"train return (last 100) {row.get(TRAIN_RETURN_LAST100, nan):.1f} | greedy "
                 f"return {row.get(C.RETURN_MEAN, nan):.1f} +- {row.get(C.RETURN_STD, nan):.1f}"
                 f"{kl} | {reply_counts_text(row)}")
 
     def final_report(self, cfg: RunConfig, plan: ServerPlan, rows: list[dict[str, Any]]
                      ) -> dict[str, Any] | None:
-        return reference_report(cfg)
+        report = reference_report(cfg)
+        if cfg.privacy == DP_FEDAVG:
+            report[DP_FEDAVG] = dp_report(cfg)
+        return report
 
     def final_line(self, final: dict[str, Any]) -> str:
         return greedy_final_line(final)
@@ -273,7 +316,9 @@ class DeepBaselines:
               ) -> tuple[Arrays | None, Metrics]:
         """Adopt the global model, collect and train on ``episodes-per-round`` episodes,
         save the client into ``context.state``, reply the network (FedAvg) or its Q-values
-        on the anchors (distillation)."""
+        on the anchors (distillation). Offline: :func:`offline_reply`."""
+        if cfg.protocol == "offline":
+            return offline_reply(context, cfg, arrays)
         node = node_client(context, cfg)
         metrics: Metrics = {}
         try:
@@ -293,8 +338,14 @@ class DeepBaselines:
     def evaluate(self, context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
         """Greedy return in this client's own environment: of the global network
         (FedAvg), or of the client's own after distilling the round's teacher."""
-        node = node_client(context, cfg)
         pid, n_parts = partition(context)
+        if cfg.protocol == "offline":
+            shard = node_shard(context, cfg)
+            returns = _greedy_returns(cfg, unpack(arrays[C.NETWORK], _shapes(cfg)), pid,
+                                      shard.metadata.get("dynamics"))
+            return {C.NUM_TRANSITIONS: shard.n_transitions,
+                    C.RETURN_MEAN: float(returns.mean()), C.RETURN_STD: float(returns.std())}
+        node = node_client(context, cfg)
         metrics: Metrics = {C.NUM_TRANSITIONS: max(int(node.client.transitions[0]), 1)}
         if is_distillation(cfg):
             if _adopt(node, cfg, arrays, metrics):
@@ -305,6 +356,37 @@ class DeepBaselines:
         returns = _greedy_returns(cfg, params, pid, _dynamics(cfg, pid, n_parts))
         metrics.update({C.RETURN_MEAN: float(returns.mean()), C.RETURN_STD: float(returns.std())})
         return metrics
+
+
+def offline_reply(context: Context, cfg: RunConfig, arrays: Arrays
+                  ) -> tuple[Arrays | None, Metrics]:
+    """Offline FedAvg-DQN's client update: ``local-iterations`` TD steps on this node's
+    shard from the global network (:func:`~fedqhd.baselines.dqn.offline_train`), the
+    minibatches drawn from (seed, partition id, the received network)."""
+    pid, _ = partition(context)
+    shard = node_shard(context, cfg)
+    network = np.ascontiguousarray(arrays[C.NETWORK], dtype=np.float32)
+    rng = dqn_offline_rng(cfg.seed, pid, hashlib.sha1(network.tobytes()).digest())
+    data = (shard.observations, shard.actions, shard.rewards, shard.next_observations,
+            shard.terminated)
+    params, losses = offline_train(unpack(network, _shapes(cfg)), data, cfg.local_iterations,
+                                   rng, gamma=cfg.gamma)
+    window = max(1, min(_LOSS_WINDOW, len(losses) // 10))
+    return {C.NETWORK: pack(params)}, {C.NUM_TRANSITIONS: shard.n_transitions,
+                                       TD_LOSS_START: float(losses[:window].mean()),
+                                       TD_LOSS_END: float(losses[-window:].mean())}
+
+
+def dp_noise_multiplier(cfg: RunConfig) -> float:
+    """DP-FedAvg's noise multiplier: ``num-server-rounds`` rounds spend ``privacy-rho``."""
+    return noise_multiplier(cfg.privacy_rho, cfg.num_server_rounds)
+
+
+def dp_report(cfg: RunConfig) -> dict[str, Any]:
+    """DP-FedAvg's settings and epsilon(``privacy-delta``) (:func:`fedqhd.strategies.dp.
+    accounting`; ``min-nodes`` is the ``n`` the noise is calibrated on)."""
+    return accounting(dp_noise_multiplier(cfg), cfg.privacy_clip_norm, cfg.min_nodes,
+                      cfg.num_server_rounds, cfg.privacy_delta)
 
 
 LEARNER = DeepBaselines()

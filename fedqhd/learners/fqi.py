@@ -415,12 +415,25 @@ def _node_shard(cfg: RunConfig, pid: int, n_parts: int, data_dir: str,
                                            node.max_compression_ratio))
 
 
-def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
-    """This node's learner and shard (cached in this process while they fit its budget)."""
+def _node_key(context: Context, cfg: RunConfig) -> tuple[Any, ...]:
     pid, n_parts = partition(context)
     data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
-    node = NodeSettings.of(context.node_config)
-    key = (context.run_id, pid, n_parts, data_dir, cfg, node)
+    return (context.run_id, pid, n_parts, data_dir, cfg, NodeSettings.of(context.node_config))
+
+
+def _resize_caches(node: NodeSettings) -> None:
+    budget = node.learner_cache_mib << 20
+    if _NODE_LEARNERS.budget != budget:
+        _NODE_LEARNERS.resize(budget)
+        _NODE_SHARDS.resize(budget // SHARD_SHARE)
+
+
+def node_shard(context: Context, cfg: RunConfig) -> Shard:
+    """This node's shard (generated, or read from its data-dir) under the node's limits,
+    cached in this process while it fits the node's budget; flagged values are logged."""
+    key = _node_key(context, cfg)
+    _, pid, n_parts, data_dir, _, node = key
+    _resize_caches(node)
 
     def load() -> Shard:
         shard = _node_shard(cfg, pid, n_parts, data_dir, node)
@@ -428,8 +441,16 @@ def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
             log(WARNING, "client %d: shard value flagged (value-check = \"warn\"): %s", pid, flag)
         return shard
 
+    return _NODE_SHARDS.get(key, load, (context.run_id, cfg))
+
+
+def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
+    """This node's learner and shard (cached in this process while they fit its budget)."""
+    key = _node_key(context, cfg)
+    _, pid, n_parts, _, _, node = key
+
     def build() -> tuple[FQILearner, Shard]:
-        shard = _NODE_SHARDS.get(key, load, generation)
+        shard = node_shard(context, cfg)
         # exact: the client only computes statistics (its Gram is built once, chunked)
         learner = FQILearner(shard, client_encoder(cfg, pid), get_spec(cfg.env_id).n_actions,
                              gamma=cfg.gamma, ridge=local_ridge(cfg.ridge, n_parts),
@@ -440,13 +461,9 @@ def node_learner(context: Context, cfg: RunConfig) -> tuple[FQILearner, Shard]:
                              feature_dtype=cfg.feature_dtype)
         return learner, shard
 
-    budget = node.learner_cache_mib << 20
-    if _NODE_LEARNERS.budget != budget:
-        _NODE_LEARNERS.resize(budget)
-        _NODE_SHARDS.resize(budget // SHARD_SHARE)
+    _resize_caches(node)
     # what earlier runs (or other settings) left in this process is freed
-    generation = (context.run_id, cfg)
-    return _NODE_LEARNERS.get(key, build, generation)
+    return _NODE_LEARNERS.get(key, build, (context.run_id, cfg))
 
 
 def _adopt_global(learner: FQILearner, arrays: Arrays, metrics: Metrics) -> None:
@@ -462,13 +479,18 @@ def _adopt_global(learner: FQILearner, arrays: Arrays, metrics: Metrics) -> None
 
 def anchor_plan(cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
     """FedQHDAnchor on the run's anchors (``anchor-source``, seeded by the run seed): no
-    global model, so every client evaluates its own policy each round."""
+    global model, so every client evaluates its own policy each round; behind a
+    PrivacyScreen in a private run."""
     anchors = make_anchors(cfg.anchor_source, cfg.env_id, cfg.num_anchors,
                            seed=anchor_seed(cfg.seed), path=cfg.anchor_file)
     strategy = FedQHDAnchor(anchors, get_spec(cfg.env_id).n_actions, fraction_evaluate=1.0,
                             **strategy_kwargs)
-    return ServerPlan(strategy, strategy.initial_arrays(),
-                      run_info={"anchors-shape": list(anchors.shape)})
+    info: dict[str, Any] = {"anchors-shape": list(anchors.shape)}
+    if cfg.privacy != "zcdp":
+        return ServerPlan(strategy, strategy.initial_arrays(), run_info=info)
+    # private: the clients' noisy anchor values, post-processing only
+    return ServerPlan(PrivacyScreen(strategy, cfg.non_private), strategy.initial_arrays(),
+                      run_info={**info, **private_info(cfg, len(anchors))})
 
 
 # ------------------------------------------------------------ private FedQHD (zcdp)
@@ -554,6 +576,18 @@ def private_info(cfg: RunConfig, anchors: int = 1) -> dict[str, Any]:
             / cfg.privacy_chunks}
 
 
+def generated_shard_problem(cfg: RunConfig) -> str | None:
+    """The config error of offline shards generated (no ``data-dir``) with a heuristic
+    behaviour the env does not have, or ``None``."""
+    generated = cfg.protocol == "offline" and not cfg.data_dir
+    if generated and cfg.epsilon_min < 1.0 and not has_heuristic(cfg.env_id):
+        return (f"run-config keys 'epsilon-min' = {cfg.epsilon_min} and 'env-id' = "
+                f"{cfg.env_id!r}: the env has no heuristic controller, so generated shards "
+                "need random behaviour: set epsilon-min=1.0 epsilon-max=1.0 (or register "
+                "a heuristic, or give data-dir)")
+    return None
+
+
 # ------------------------------------------------------------------ registry entry
 class FQI:
     """Registry entry ``fqi``."""
@@ -573,12 +607,9 @@ class FQI:
             spec = get_spec(cfg.env_id)  # a registered env that cannot be used fails here
         except ValueError as exc:
             return f"run-config key 'env-id' = {cfg.env_id!r}: {exc}"
-        generated = cfg.protocol == "offline" and not cfg.data_dir
-        if generated and cfg.epsilon_min < 1.0 and not has_heuristic(cfg.env_id):
-            return (f"run-config keys 'epsilon-min' = {cfg.epsilon_min} and 'env-id' = "
-                    f"{cfg.env_id!r}: the env has no heuristic controller, so generated shards "
-                    "need random behaviour: set epsilon-min=1.0 epsilon-max=1.0 (or register "
-                    "a heuristic, or give data-dir)")
+        problem = generated_shard_problem(cfg)
+        if problem:
+            return problem
         if cfg.partition == "dynamics-skew" and not spec.dynamics_ranges:
             return (f"run-config key 'partition' = 'dynamics-skew' needs an env with dynamics "
                     f"parameters; {cfg.env_id!r} registers none")
@@ -587,11 +618,7 @@ class FQI:
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
         spec = get_spec(cfg.env_id)
         if cfg.resolved_strategy == "anchor":
-            plan = anchor_plan(cfg, **strategy_kwargs)
-            if cfg.privacy == "zcdp":  # the noisy anchor values: post-processing only
-                plan.strategy = PrivacyScreen(plan.strategy, cfg.non_private)
-                plan.run_info.update(private_info(cfg, plan.run_info["anchors-shape"][0]))
-            return plan
+            return anchor_plan(cfg, **strategy_kwargs)
         evaluate = readout_evaluator(cfg)
         shape = [cfg.hd_dim, spec.n_actions]
         initial = C.to_array_record({C.READOUT: np.zeros(shape)})
