@@ -271,7 +271,8 @@ class RunConfig:
     privacy_chunks: int = field(default=50, metadata=_key(_int_range(1, 1_000_000), (
         "privacy = zcdp: m, the chunks a client's episodes are hashed into; each chunk fits "
         "FQI alone (ridge, local-iterations sweeps); the release's sensitivity is 2 R / m "
-        "(2 R sqrt(M) / m on M anchors); about 20 episodes a chunk")))
+        "(2 R sqrt(M) / m on M anchors); more chunks, less noise, but each needs about 40 "
+        "episodes (docs/private-fedqhd.md)")))
     privacy_clip_norm: float = field(default=5.0, metadata=_key(
         _float_range(0.0, 1e9, lo_open=True), "privacy = zcdp: R, the Frobenius norm each "
         "chunk's advantage readout (centred over actions) is clipped to (on M anchors its "
