@@ -90,7 +90,7 @@ def test_cli_exit_code_and_json(tmp_path, capsys):
               "--hd-dim", "8", "--episodes", "60"]
     assert main([*common, "--out", str(tmp_path / "ok.json")]) == 0
     out = capsys.readouterr().out
-    assert "private FedQHD readout release" in out and "of the sensitivity 2R/m = 0.025" in out
+    assert "private FedQHD readout release" in out and "of the sensitivity = 0.025" in out
     assert "consistent" in out
     assert main([*common, "--noise-scale-factor", "0.1", "--out", str(tmp_path / "bad.json")]) == 1
     out = capsys.readouterr().out
@@ -99,3 +99,22 @@ def test_cli_exit_code_and_json(tmp_path, capsys):
     assert bad["flagged"] and bad["release"] == "fedqhd" and bad["neighbours"] == "add"
     assert bad["chunks"] == 4 and bad["episodes_d"] + 1 <= 60
     assert main([*common, "--clipped"]) == 2  # POOL's option: refused, not ignored
+
+
+def test_anchor_release_audit_below_its_claim_and_weakened_flagged():
+    """The heterogeneous release (advantages on M anchors, client 0's own encoder): the
+    neighbours are the learner's own releases, one episode apart, moving most of
+    2R sqrt(M)/m; the honest bound stays below the claim, a tenth of the noise is flagged."""
+    from fedqhd.anchors import make_anchors
+
+    cfg = CFG.replace(encoder="heterogeneous")
+    anchors = make_anchors("uniform", cfg.env_id, 12, seed=0)
+    nb = neighbouring_releases(cfg, 60, anchors)
+    assert len(_episodes(nb.d_prime)) == len(_episodes(nb.d)) + 1
+    np.testing.assert_array_equal(nb.release_d, private_model(cfg, nb.d, 0, anchors).readout())
+    assert nb.release_d.shape == (12, 2)
+    assert nb.sensitivity == pytest.approx(2 * R * np.sqrt(12) / M)
+    assert 0.5 * nb.sensitivity < nb.distance <= nb.sensitivity * (1 + 1e-9)
+    honest = _audit(nb, 1.0)
+    assert 2.0 < honest.epsilon_lower_bound < honest.claimed_epsilon and not honest.flagged
+    assert _audit(nb, 1.0, factor=0.1).flagged

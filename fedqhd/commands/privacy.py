@@ -42,24 +42,30 @@ def _audit_counts(a: argparse.Namespace, source: Any, seed: int | None
 
 def _audit_fedqhd(a: argparse.Namespace, source: Any, seed: int | None
                   ) -> tuple[Any, str, dict[str, Any]]:
-    """Private FedQHD's readout release: its result, the header line, the JSON's extras."""
+    """Private FedQHD's release (readout, or anchor values): its result, the header line,
+    the JSON's extras."""
+    from fedqhd.anchors import make_anchors
     from fedqhd.learners import parse_run_config
     from fedqhd.studies.fedqhd_audit import audit_private_fedqhd, neighbouring_releases
 
     cfg = parse_run_config({
         "learner": "fqi", "env-id": "CartPole-v1", "seed": a.seed, "privacy": "zcdp",
         "privacy-rho": a.rho, "privacy-chunks": a.chunks, "privacy-clip-norm": a.clip_norm,
-        "hd-dim": a.hd_dim})
-    nb = neighbouring_releases(cfg, a.episodes)
+        "hd-dim": a.hd_dim, "encoder": "heterogeneous" if a.anchors else "shared"})
+    anchors = (make_anchors("uniform", cfg.env_id, a.anchors, seed=a.seed) if a.anchors
+               else None)
+    nb = neighbouring_releases(cfg, a.episodes, anchors)
     res = audit_private_fedqhd(nb, a.rho, source, a.releases, a.delta, a.confidence, seed)
-    head = (f"private FedQHD readout release, {cfg.env_id}, m = {a.chunks} chunks, "
-            f"R = {a.clip_norm:g}, hd-dim {a.hd_dim}, rho = {a.rho:g}, delta = {a.delta:g}; "
+    what = (f"anchor release (M = {a.anchors}, client 0's own encoder)" if a.anchors
+            else f"readout release (hd-dim {a.hd_dim})")
+    head = (f"private FedQHD {what}, {cfg.env_id}, m = {a.chunks} chunks, "
+            f"R = {a.clip_norm:g}, rho = {a.rho:g}, delta = {a.delta:g}; "
             f"neighbours: add one episode (D {nb.d.n_episodes} episodes, D' "
             f"{nb.d_prime.n_episodes}; L2 moved {nb.distance:.3g} = "
-            f"{nb.distance / nb.sensitivity:.2f} of the sensitivity 2R/m = "
+            f"{nb.distance / nb.sensitivity:.2f} of the sensitivity = "
             f"{nb.sensitivity:.3g})")
     return res, head, {"neighbours": "add", "env_id": cfg.env_id, "chunks": a.chunks,
-                       "clip_norm": a.clip_norm, "hd_dim": a.hd_dim,
+                       "clip_norm": a.clip_norm, "hd_dim": a.hd_dim, "anchors": a.anchors,
                        "episodes_d": nb.d.n_episodes, "added_chunk": nb.chunk}
 
 
@@ -164,6 +170,9 @@ def register(subparsers) -> None:
                    help="fedqhd: R, each chunk's clip norm (small: every chunk is clipped, "
                    "the worst case)")
     a.add_argument("--hd-dim", type=int, default=16, help="fedqhd: the encoder's dimension")
+    a.add_argument("--anchors", type=int, default=0,
+                   help="fedqhd: M > 0 audits the heterogeneous release (the chunks' "
+                   "advantages on M uniform anchor states, client 0's own encoder)")
     a.add_argument("--episodes", type=int, default=120,
                    help="fedqhd: random CartPole episodes searched for the worst-case pair")
     a.add_argument("--seed", type=int, default=0, help="seeds the data and numpy noise")

@@ -15,7 +15,9 @@ fitted by the learner's own model (:func:`~fedqhd.learners.fqi.private_model`), 
 pair moving it the most is kept. D is ``e0`` plus every pool episode of the other chunks,
 D' is D plus ``e1``; both releases are then computed from scratch on the whole shards.
 With R small enough that every chunk's readout is clipped (only directions matter), 120
-episodes reach about 0.94 of ``2R/m``.
+episodes reach about 0.94 of ``2R/m``. With ``anchors`` (heterogeneous encoders) the release
+is the chunks' advantages on those states, in client 0's own encoder, sensitivity
+``2R sqrt(M)/m``.
 """
 
 from __future__ import annotations
@@ -61,25 +63,31 @@ def _episodes(pool: Shard, ids: Sequence[int]) -> Shard:
     return Shard(**arrays, metadata={**pool.metadata, "n_episodes": len(ids)})
 
 
-def neighbouring_releases(cfg: RunConfig, episodes: int = EPISODES) -> NeighbouringReleases:
-    """D and D' = D + one episode, chosen to move the release nearly ``2R/m`` (module
-    docstring); ``cfg`` sets the env, the encoder, m, R, the fit and the data's seed."""
+def neighbouring_releases(cfg: RunConfig, episodes: int = EPISODES,
+                          anchors: np.ndarray | None = None) -> NeighbouringReleases:
+    """D and D' = D + one episode, chosen to move the release nearly its sensitivity
+    (module docstring); ``cfg`` sets the env, the encoder, m, R, the fit and the data's
+    seed; ``anchors``: the release on these states (heterogeneous encoders)."""
     pool = collect_shard(cfg.env_id, episodes, 1.0, cfg.seed)
     ids, first = np.unique(pool.episode_ids, return_index=True)
     chunk_of = dict(zip(ids.tolist(), episode_chunks(pool, cfg.privacy_chunks)[first].tolist(),
                         strict=True))
-    probe = private_model(cfg, _episodes(pool, ids[:1].tolist()))  # nothing fitted: the shapes
-    shape = (probe.dim, probe.n_actions)
+
+    def model(shard: Shard) -> Any:
+        return private_model(cfg, shard, 0, anchors)
+
+    probe = model(_episodes(pool, ids[:1].tolist()))  # nothing fitted: the shapes
+    shape = (probe.dim if anchors is None else len(anchors), probe.n_actions)
     best = (-1.0, -1, -1, -1)  # (moved, e0 or -1, e1, chunk)
     for j in range(cfg.privacy_chunks):
         members = [e for e in ids.tolist() if chunk_of[e] == j]
         for e0 in [-1, *members]:
             base = [] if e0 < 0 else [e0]
-            before = (private_model(cfg, _episodes(pool, base)).chunk_readout(j) if base
+            before = (model(_episodes(pool, base)).chunk_readout(j) if base
                       else np.zeros(shape))  # an empty chunk's readout is the public zero
             for e1 in members:
                 if e1 != e0:
-                    after = private_model(cfg, _episodes(pool, [*base, e1])).chunk_readout(j)
+                    after = model(_episodes(pool, [*base, e1])).chunk_readout(j)
                     moved = float(np.linalg.norm(after - before))
                     if moved > best[0]:
                         best = (moved, e0, e1, j)
@@ -88,9 +96,9 @@ def neighbouring_releases(cfg: RunConfig, episodes: int = EPISODES) -> Neighbour
         raise ValueError(f"no chunk holds two of the {episodes} episodes: use more episodes")
     in_d = [e for e in ids.tolist() if chunk_of[e] != j] + ([e0] if e0 >= 0 else [])
     d, d_prime = _episodes(pool, in_d), _episodes(pool, [*in_d, e1])
-    model = private_model(cfg, d)
-    return NeighbouringReleases(d, d_prime, e1, j, model.readout(),
-                                private_model(cfg, d_prime).readout(), model.sensitivity)
+    fitted = model(d)
+    return NeighbouringReleases(d, d_prime, e1, j, fitted.readout(), model(d_prime).readout(),
+                                fitted.sensitivity)
 
 
 @dataclass(frozen=True)
