@@ -58,6 +58,9 @@ SETTING: dict[str, Any] = {"env-id": "CartPole-v1", "hd-dim": 100, "episodes-per
 EXACT: dict[str, Any] = {"strategy": "exact", "num-server-rounds": 10, "ridge": 0.1,
                          "local-iterations": 3}
 ANCHOR: dict[str, Any] = {**EXACT, "strategy": "anchor"}
+#: the online protocol's settings (``--protocol online``): the online learner's defaults
+#: (epsilon 1.0 x 0.9 a round, down to 0.01), no task preset
+ONLINE: dict[str, Any] = {"protocol": "online", "preset": "manual"}
 #: the heterogeneous setting's anchors (FedQHDAnchor's default rollout anchors)
 HETEROGENEOUS: dict[str, Any] = {"encoder": "heterogeneous", "num-anchors": 1000}
 #: offline FedAvg-DQN (with SETTING's shards, gamma and evaluation; its hd-dim, ridge and
@@ -97,6 +100,9 @@ def run_cell(seed: int, clients: int, mode: str, rho: float, noise: str,
             keys.update({"privacy": "dp-fedavg", "privacy-rho": rho})
     elif mode != "exact":
         keys.update({"privacy": "zcdp", "privacy-rho": rho, "non-private": mode != "private"})
+    elif keys.get("protocol") == "online":  # non-private online FedQHD: the paper's protocol
+        keys = {k: keys[k] for k in ("env-id", "seed", "output-dir", "eval-episodes",
+                                     "encoder", "protocol") if k in keys}  # and its preset
     else:
         keys.update(EXACT if keys.get("encoder", "shared") == "shared" else ANCHOR)
     cfg = RunConfig.from_run_config(keys)
@@ -130,6 +136,11 @@ def main() -> None:
     parser.add_argument("--set", default="", help="run-config overrides, key=value,...")
     parser.add_argument("--no-reference", action="store_true", help="private columns only")
     parser.add_argument("--plot", default="", help="the privacy-utility curve, a PNG")
+    parser.add_argument("--protocol", choices=("offline", "online"), default="offline",
+                        help="online: the episodes collected in --rounds rounds with the "
+                             "public model, a release a round at 1/rounds of the rho "
+                             "(reference: non-private online FedQHD, the task's preset)")
+    parser.add_argument("--rounds", type=int, default=4, help="online: rounds")
     parser.add_argument("--encoder", choices=("shared", "heterogeneous"), default="shared",
                         help="heterogeneous: each client its own encoder, advantages released "
                              "on the anchors (reference: FedQHDAnchor)")
@@ -141,9 +152,14 @@ def main() -> None:
     os.environ["FEDQHD_LEDGER_DIR"] = tempfile.mkdtemp()  # studies spend no real budget
     seeds = [int(s) for s in args.seeds.split(",")]
     extra: dict[str, Any] = dict(HETEROGENEOUS) if args.encoder == "heterogeneous" else {}
+    if args.protocol == "online":
+        extra.update(ONLINE, **{"num-server-rounds": args.rounds})
     for item in filter(None, args.set.split(",")):
         key, value = item.split("=")
         extra[key] = _value(value)
+    if args.protocol == "online":  # the same episodes a client in all, a share a round
+        total = int(extra.get("episodes-per-client", SETTING["episodes-per-client"]))
+        extra["episodes-per-round"] = max(1, total // args.rounds)
     columns: list[tuple[str, float, float | None]] = (
         [] if args.no_reference or args.no_fedqhd
         else [("exact", 0.0, None), ("non-private", 1.0, None)])

@@ -366,10 +366,9 @@ class RunConfig:
                               f"{self.encoder!r} needs 'strategy' = {wanted!r} (or 'auto'), "
                               f"got {self.strategy!r}: a private client releases one "
                               f"{'readout' if wanted == 'avg' else 'set of anchor values'}")
-        if self.learner != "fqi" or self.protocol != "offline":
-            raise ConfigError("run-config key 'privacy' = 'zcdp' needs 'learner' = 'fqi' and "
-                              f"'protocol' = 'offline', got {self.learner!r}, "
-                              f"{self.protocol!r}")
+        if self.learner != "fqi":
+            raise ConfigError("run-config key 'privacy' = 'zcdp' needs 'learner' = 'fqi', got "
+                              f"{self.learner!r}")
         if self.resume_from:
             raise ConfigError("run-config key 'resume-from' cannot continue a private run "
                               "(privacy = 'zcdp'): its releases live in the node states, and "

@@ -32,6 +32,7 @@ _ONLINE_CLIENT = 0x0B1E
 _DQN_BATCHES = 0xBA7C
 _DQN_INIT = 0x1417
 _DQN_OFFLINE = 0x0FF1
+_PRIVATE_ONLINE = 0x9D0
 _DQN_EVALUATION_OFFSET = 10**6
 
 
@@ -57,6 +58,11 @@ def evaluation_seed(seed: int, party: int) -> int:
 def shard_seed(seed: int, partition_id: int) -> int:
     """Collection seed of a client's shard."""
     return _int(seed, partition_id)
+
+
+def private_online_seed(seed: int, partition_id: int, round_index: int) -> int:
+    """Collection seed of a private online client's episodes in one round."""
+    return _int(seed, partition_id, _PRIVATE_ONLINE, round_index)
 
 
 def behaviour_rng(seed: int) -> np.random.Generator:

@@ -223,8 +223,9 @@ def test_config():
         RunConfig(privacy="zcdp", encoder="heterogeneous", strategy="avg")
     with pytest.raises(ConfigError, match="'strategy' = 'avg'"):
         RunConfig(privacy="zcdp", strategy="anchor")
-    with pytest.raises(ConfigError, match="'protocol' = 'offline'"):
-        RunConfig(privacy="zcdp", protocol="online")
+    with pytest.raises(ConfigError, match="'learner' = 'fqi'"):
+        RunConfig(privacy="zcdp", learner="dqn", protocol="online")
+    assert RunConfig(privacy="zcdp", protocol="online", preset="manual").privacy == "zcdp"
     assert RunConfig(privacy="zcdp").resolved_strategy == "avg"
     assert RunConfig(privacy="zcdp", encoder="heterogeneous").resolved_strategy == "anchor"
 
@@ -255,12 +256,16 @@ def test_heterogeneous_evaluation_claims_no_size_and_uses_no_data(tmp_path):
 @pytest.mark.parametrize("keys", [
     {"episodes-per-client": 500, "privacy-chunks": 50},
     {"encoder": "heterogeneous", "episodes-per-client": 200, "privacy-chunks": 20,
-     "num-anchors": 200}], ids=["shared", "heterogeneous"])
+     "num-anchors": 200},
+    {"protocol": "online", "preset": "manual", "num-server-rounds": 3,
+     "episodes-per-round": 200, "privacy-chunks": 20}],
+    ids=["shared", "heterogeneous", "online"])
 def test_private_run_learns_and_reports_the_accountants_epsilon(tmp_path, monkeypatch, keys):
     """In process, CartPole offline shards, epsilon 8 at delta 1e-5 (one fixed noise draw): the
     private run's greedy policy beats uniform random, and every client's reported epsilon
-    is the accountant's for the rho the run spent; shared encoder (a readout released) and
-    heterogeneous ones (advantages on the anchors)."""
+    is the accountant's for the rho the run spent; shared encoder (a readout released),
+    heterogeneous ones (advantages on the anchors), and online (a release a round, each
+    at a third of the rho)."""
     from benchmarks.private_fedqhd import SETTING, rho_for_epsilon
     from fedqhd.client.app import app as client_app
     from fedqhd.server.app import run_federation
@@ -293,3 +298,36 @@ def test_private_run_learns_and_reports_the_accountants_epsilon(tmp_path, monkey
         assert entry["rho-spent"] == pytest.approx(rho)
         assert entry["epsilon"] == pytest.approx(epsilon_exact(rho, 1e-5))
         assert entry["epsilon"] == pytest.approx(8.0, abs=1e-3)
+
+
+def test_online_client_keeps_every_episode_and_spends_a_share_of_rho_a_round(tmp_path):
+    """Each round the node's episode store grows by episodes-per-round whole episodes
+    (ids continue, none dropped), one ledger entry of rho / rounds is charged, the release
+    changes with the data and noise, and a run of the same seed counts against the same
+    ledger (its budget refuses a second run beyond it)."""
+    from fedqhd.learners.fqi_online import STATE_PRIVATE_EPISODES, private_online_train
+
+    cfg = RunConfig(privacy="zcdp", protocol="online", preset="manual", num_server_rounds=3,
+                    episodes_per_round=6, privacy_chunks=3, hd_dim=8, privacy_rho=0.6,
+                    output_dir=str(tmp_path))
+    node = {"ledger-dir": str(tmp_path / "ledgers"), "noise": "numpy", "rho-budget": 1.0}
+    state = RecordDict()
+    arrays = {C.READOUT: np.zeros((8, 2))}
+    releases = []
+    for r in range(3):
+        reply, metrics = private_online_train(_context(state, node), cfg, arrays)
+        releases.append(reply[C.READOUT])
+        kept = state[STATE_PRIVATE_EPISODES]
+        ids = kept["episode_ids"].numpy()
+        assert np.array_equal(np.unique(ids), np.arange(6 * (r + 1)))
+        assert kept["observations"].numpy().shape[0] == len(ids)
+        assert metrics[C.RHO_SPENT] == pytest.approx(0.2 * (r + 1))
+        assert metrics[C.NUM_TRANSITIONS] == 1 and metrics[C.PRIVATE] == 1
+        arrays = {C.READOUT: reply[C.READOUT]}
+    assert not np.allclose(releases[1], releases[2])
+    ledger = json.loads(next((tmp_path / "ledgers").glob("*.json")).read_text())
+    assert [e["rho"] for e in ledger["entries"]] == pytest.approx([0.2, 0.2, 0.2])
+    private_online_train(_context(RecordDict(), node), cfg, {C.READOUT: np.zeros((8, 2))})
+    private_online_train(_context(RecordDict(), node), cfg, {C.READOUT: np.zeros((8, 2))})
+    with pytest.raises(BudgetExceededError):  # 0.6 + 0.4 spent; 0.2 more exceeds 1.0
+        private_online_train(_context(RecordDict(), node), cfg, {C.READOUT: np.zeros((8, 2))})

@@ -6,6 +6,7 @@ hard offline setting of the benchmark); epsilon 0 replays the heuristic.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,20 +28,23 @@ __all__ = ["BEHAVIOUR_KIND", "collect_shard"]
 
 #: ``metadata["behaviour"]["kind"]`` of shards written by :func:`collect_shard`
 BEHAVIOUR_KIND = "epsilon-heuristic"
+#: ... and of those collected around a given policy (``policy=``)
+POLICY_BEHAVIOUR_KIND = "epsilon-policy"
 
 
 def collect_shard(
     env_id: str,
     n_episodes: int,
-    epsilon: float,
+    epsilon: float | Sequence[float] | np.ndarray,
     seed: int,
     dynamics: dict[str, float] | None = None,
     metadata_extra: dict[str, Any] | None = None,
+    policy: Callable[[np.ndarray], int] | None = None,
 ) -> Shard:
     """Roll out the epsilon-heuristic behaviour policy and record every transition.
 
     At each step the behaviour takes a uniformly random action with probability
-    ``epsilon`` and the heuristic controller's action otherwise.
+    ``epsilon`` and the heuristic controller's action otherwise (or ``policy``'s).
 
     Parameters
     ----------
@@ -48,9 +52,9 @@ def collect_shard(
         A registered env (:data:`fedqhd.envs.ENV_IDS`).
     n_episodes : int
         Number of complete episodes (>= 1).
-    epsilon : float
-        Probability of a random action, in ``[0, 1]``; must be 1 for an env
-        registered without a heuristic controller.
+    epsilon : float or sequence of float
+        Probability of a random action, in ``[0, 1]`` (one per episode, or one for all);
+        must be 1 for an env registered without a heuristic controller (unless ``policy``).
     seed : int
         Determines initial states (via :func:`fedqhd.envs.episode_seeds`) and the
         behaviour's coin flips: the same arguments give identical shards.
@@ -59,6 +63,10 @@ def collect_shard(
     metadata_extra : dict or None
         JSON-serialisable keys added to the metadata (e.g. partition info); may
         not override the keys set here.
+    policy : callable or None
+        ``observation -> action``: the behaviour's non-random action instead of the
+        heuristic's (private online FedQHD collects around a released readout's greedy
+        policy).
 
     Returns
     -------
@@ -69,16 +77,18 @@ def collect_shard(
     spec = get_spec(env_id)
     if int(n_episodes) != n_episodes or n_episodes < 1:
         raise ValueError(f"n_episodes must be a positive integer, got {n_episodes!r}")
-    if not 0.0 <= float(epsilon) <= 1.0:
+    per_episode = np.broadcast_to(np.asarray(epsilon, dtype=float), (int(n_episodes),))
+    if not np.all((per_episode >= 0.0) & (per_episode <= 1.0)):
         raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
-    if float(epsilon) < 1.0 and not has_heuristic(env_id):
+    if policy is None and per_episode.min() < 1.0 and not has_heuristic(env_id):
         raise ValueError(f"{env_id}: no heuristic controller registered, so epsilon must be "
                          f"1.0 (uniform random behaviour), got {epsilon!r}")
     params = validate_dynamics(env_id, dynamics)
     metadata: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "env_id": env_id,
-        "behaviour": {"kind": BEHAVIOUR_KIND, "epsilon": float(epsilon)},
+        "behaviour": {"kind": BEHAVIOUR_KIND if policy is None else POLICY_BEHAVIOUR_KIND,
+                      "epsilon": float(per_episode.mean())},
         "seed": int(seed),
         "dynamics": params,
         "n_episodes": int(n_episodes),
@@ -92,15 +102,19 @@ def collect_shard(
     # a stream for the behaviour's coin flips, independent of the reset seeds
     rng = behaviour_rng(seed)
 
+    greedy = policy or (lambda obs: heuristic_action(env_id, obs))
+    current = [0.0]  # the running episode's epsilon
+
     def behaviour(obs: np.ndarray) -> int:
-        if rng.random() < epsilon:
+        if rng.random() < current[0]:
             return int(rng.integers(spec.n_actions))
-        return heuristic_action(env_id, obs)
+        return int(greedy(obs))
 
     rows: list[tuple] = []
     env = make_env(env_id, params)
     try:
         for episode, reset_seed in enumerate(episode_seeds(seed, n_episodes)):
+            current[0] = float(per_episode[episode])
             rows.extend(
                 (
                     t.observation,

@@ -29,6 +29,7 @@ from flwr.common.logger import log
 from fedqhd.anchors import make_anchors
 from fedqhd.config import FEATURE_DTYPES, RunConfig
 from fedqhd.data import Shard, ShardLimits, client_shard
+from fedqhd.data.partition import partition_settings
 from fedqhd.encoders import (
     MAX_FEATURE_SQ_NORM,
     EncoderParams,
@@ -518,18 +519,33 @@ def private_reply(context: Context, cfg: RunConfig, arrays: Arrays
     return private_readout(context, cfg, model, pid)
 
 
+def public_readout(cfg: RunConfig, encoder: HDEncoder, arrays: Arrays) -> np.ndarray:
+    """A private client's model from what the server sent, nothing fitted to its data:
+    the global readout, the teacher compiled into its own features, or zero."""
+    if C.READOUT in arrays:
+        return np.asarray(arrays[C.READOUT], dtype=np.float64)
+    if C.TEACHER in arrays:
+        features = encoder.encode(arrays[C.ANCHORS])
+        out: np.ndarray = RidgeSystem(features, cfg.ridge).solve(arrays[C.TEACHER])
+        return out
+    return np.zeros((int(encoder.omega_.shape[1]), get_spec(cfg.env_id).n_actions))
+
+
+def client_dynamics(cfg: RunConfig, pid: int, n_parts: int) -> dict[str, float] | None:
+    """The physics of partition ``pid``'s env copy (``dynamics-skew``; else None)."""
+    return partition_settings(cfg.partition, pid, n_parts, cfg.seed,
+                              env_id=cfg.env_id)["dynamics"] or None
+
+
 def private_evaluate(context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
     """A private heterogeneous client's evaluation: the greedy return of the (public)
     teacher compiled into its own features, nothing fitted to its shard, so the return is
-    post-processing of the releases; it claims no size (its shard's is private)."""
+    post-processing of the releases; it claims no size (its shard's is private). The env
+    it acts in (its dynamics under dynamics-skew) is not its trajectories."""
     pid, n_parts = partition(context)
-    data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
     encoder = client_encoder(cfg, pid)
-    readout = RidgeSystem(encoder.encode(arrays[C.ANCHORS]), cfg.ridge).solve(arrays[C.TEACHER])
-    # the env the client acts in (its dynamics under dynamics-skew) is not its trajectories
-    shard = _node_shard(cfg, pid, n_parts, data_dir, NodeSettings.of(context.node_config))
-    returns = greedy_return(cfg, encoder, readout, party=pid,
-                            dynamics=shard.metadata.get("dynamics"))
+    returns = greedy_return(cfg, encoder, public_readout(cfg, encoder, arrays), party=pid,
+                            dynamics=client_dynamics(cfg, pid, n_parts))
     noisy = int(NodeSettings.of(context.node_config).noise != "none")
     return {C.NUM_TRANSITIONS: 1, C.PRIVATE: noisy, C.RETURN_MEAN: float(returns.mean()),
             C.RETURN_STD: float(returns.std())}

@@ -45,12 +45,25 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 
 from fedqhd.acting import collect, epsilon_schedule
 from fedqhd.config import RunConfig
+from fedqhd.data import Shard, collect_shard
 from fedqhd.data.partition import partition_settings
 from fedqhd.envs import get_spec
 from fedqhd.learners.base import Arrays, Curves, Metrics, ServerPlan, partition
-from fedqhd.learners.fqi import FQI, client_encoder, greedy_return, readout_evaluator
+from fedqhd.learners.fqi import (
+    FQI,
+    client_dynamics,
+    client_encoder,
+    greedy_policy,
+    greedy_return,
+    private_evaluate,
+    private_model,
+    public_readout,
+    readout_evaluator,
+)
+from fedqhd.learners.fqi_private import private_readout
 from fedqhd.online import OnlineClient, default_capacity
-from fedqhd.seeding import shard_seed
+from fedqhd.privacy.store import data_fingerprint
+from fedqhd.seeding import private_online_seed, shard_seed
 from fedqhd.strategies import FedQHDIndependent, FedQHDPooled, FedQHDTruncate
 from fedqhd.strategies import contract as C
 from fedqhd.strategies.truncate import with_head
@@ -233,6 +246,55 @@ def pooled_statistics(client: OnlineClient) -> Arrays:
             C.REWARD_RANGE: np.array([client.r_min, client.r_max])}
 
 
+#: context.state ArrayRecord of a private online client: every episode it collected
+STATE_PRIVATE_EPISODES = "fqi-private-online"
+
+
+def private_online_train(context: Context, cfg: RunConfig, arrays: Arrays
+                         ) -> tuple[Arrays, Metrics]:
+    """A private online client's round (``privacy = "zcdp"``): act with the PUBLIC model
+    the server sent (its readout, or the teacher compiled into this client's features;
+    nothing fitted to the client's own data) epsilon-greedily for ``episodes-per-round``
+    episodes (the preset's epsilon schedule, counted in rounds), keep them with the
+    earlier ones in ``context.state``, and release the noisy chunked model of all of them
+    (:func:`~fedqhd.learners.fqi_private.private_readout`) at ``1 / num-server-rounds`` of
+    the rho: an episode is in every later release, so its
+    releases add up to at most the run's rho. The data a round collects depend only on
+    public releases and the env, so the releases compose adaptively (zCDP).
+
+    The episodes are kept whole (no buffer capacity, no subsample): a reservoir or a
+    per-episode subsample would draw from one random stream, so one episode more would
+    change which rows of the others are kept, and the chunks' sensitivity argument needs
+    an episode to change its own chunk only."""
+    pid, n_parts = partition(context)
+    encoder = client_encoder(cfg, pid)
+    earlier = context.state.get(STATE_PRIVATE_EPISODES)
+    old: dict[str, np.ndarray] = ({k: v.numpy() for k, v in earlier.items()}
+                                  if isinstance(earlier, ArrayRecord) else {})
+    done = int(old["n-episodes"][0]) if old else 0
+    round_index = int(old["rounds"][0]) if old else 0
+    k = cfg.episodes_per_round
+    # the schedule counts rounds here: a round's episodes all follow one public model
+    epsilon = float(epsilon_schedule(*cfg.online.epsilon)(np.array(round_index)))
+    new = collect_shard(cfg.env_id, k, epsilon, private_online_seed(cfg.seed, pid, round_index),
+                        client_dynamics(cfg, pid, n_parts),
+                        policy=greedy_policy(encoder, public_readout(cfg, encoder, arrays)))
+    fresh = new.arrays()
+    fresh["episode_ids"] = fresh["episode_ids"] + done
+    merged: dict[str, Any] = {name: np.concatenate([old[name], fresh[name]]) if old
+                              else fresh[name] for name in fresh}
+    context.state[STATE_PRIVATE_EPISODES] = C.to_array_record(
+        {**merged, "n-episodes": np.array([done + k]), "rounds": np.array([round_index + 1])})
+    shard = Shard(**merged, metadata=new.metadata)
+    model = private_model(cfg, shard, pid, arrays.get(C.ANCHORS))
+    # one ledger for the node's online trajectories of this env, seed and partition (a run
+    # of the same seed collects the same episodes again): every round's release counts
+    model.fingerprint = data_fingerprint(np.frombuffer(
+        f"online|{cfg.env_id}|{cfg.seed}|{cfg.partition}|{pid}/{n_parts}".encode(), np.uint8))
+    return private_readout(context, cfg, model, pid, rounds=cfg.num_server_rounds,
+                           round_index=round_index)
+
+
 class FQIOnline(FQI):
     """Registry entry ``fqi-online`` (run config ``learner = "fqi"``, ``protocol = "online"``)."""
 
@@ -272,12 +334,16 @@ class FQIOnline(FQI):
         return with_train_return(plan)
 
     def round_line(self, cfg: RunConfig, row: dict[str, Any]) -> str:
+        if cfg.privacy == "zcdp":  # private replies carry no training returns
+            return super().round_line(cfg, row)
         return (f"train return (last 100) {row.get(TRAIN_RETURN_LAST100, float('nan')):.1f} | "
                 f"value bias {row.get(VALUE_BIAS, float('nan')):.1f} | "
                 + super().round_line(cfg, row))
 
     def train(self, context: Context, cfg: RunConfig, arrays: Arrays
               ) -> tuple[Arrays | None, Metrics]:
+        if cfg.privacy == "zcdp":
+            return private_online_train(context, cfg, arrays)
         client, cache = node_client(context, cfg)
         try:
             return self._train(context, cfg, arrays, client, cache)
@@ -328,6 +394,8 @@ class FQIOnline(FQI):
         return {C.PHI_Y: rhs}, {C.NUM_TRANSITIONS: client.n_transitions}
 
     def evaluate(self, context: Context, cfg: RunConfig, arrays: Arrays) -> Metrics:
+        if cfg.privacy == "zcdp":
+            return private_evaluate(context, cfg, arrays)
         client, cache = node_client(context, cfg, buffer=False)
         metrics: Metrics = {C.NUM_TRANSITIONS: max(client.n_transitions, 1)}
         # not saved: what _adopt changes here, the next train redoes from the same arrays

@@ -272,11 +272,14 @@ def ledger_metrics(ledger: PrivacyLedger, sigma: float) -> dict[str, float]:
     return out
 
 
-def private_readout(context: Context, cfg: RunConfig, model: PrivateReadout, pid: int
+def private_readout(context: Context, cfg: RunConfig, model: PrivateReadout, pid: int,
+                    rounds: int = 1, round_index: int = 0
                     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """A private client's reply: its noisy readout (``"readout"``, or ``"q-anchors"`` on
-    anchors), released once (checked against the shard's on-disk ledger first, one ledger
-    entry) and resent from the node state in later rounds (no new spend)."""
+    anchors), checked against the shard's on-disk ledger first (one ledger entry).
+    Offline (``rounds = 1``) it is released once and resent from the node state in later
+    rounds (no new spend); online every round releases its growing buffer anew at
+    ``1 / rounds`` of the rho, so an episode's releases add up to at most the rho."""
     key = C.READOUT if model.anchor_features is None else C.Q_ANCHORS
     node = NodeSettings.of(context.node_config)
     metrics: dict[str, float] = {C.NUM_TRANSITIONS: 1, C.PARTITION_ID: pid}
@@ -287,13 +290,14 @@ def private_readout(context: Context, cfg: RunConfig, model: PrivateReadout, pid
                 "which would release an exact readout of private trajectories; refused "
                 "because the run is not marked non-private (run-config non-private=true)")
         return {key: model.readout()}, {**metrics, C.PRIVATE: 0}
-    rho = min(cfg.privacy_rho, node.rho)
-    source = (NumpyNoise(np.random.default_rng([pool_noise_seed(cfg.seed, pid), 1]))
-              if node.reproducible_noise else make_noise_source(node.noise))
+    rho = min(cfg.privacy_rho, node.rho) / rounds
+    entropy = [pool_noise_seed(cfg.seed, pid), 1] + ([round_index] if round_index else [])
+    source = (NumpyNoise(np.random.default_rng(entropy)) if node.reproducible_noise
+              else make_noise_source(node.noise))
     with LedgerStore(ledger_dir(context.node_config)).open(
             model.fingerprint, node.rho_budget, cfg.privacy_delta,
             f"partition-{pid}") as ledger:
-        if STATE_RELEASE not in context.state:
+        if STATE_RELEASE not in context.state or rounds > 1:
             # release_real charges the ledger (refusing beyond the budget) before any
             # noise is drawn
             noisy = release_readout(model, rho, source, ledger)

@@ -67,6 +67,11 @@ class PrivacyScreen(Strategy):
     def last_evaluate_metrics(self) -> MetricRecord | None:
         return self.strategy.last_evaluate_metrics
 
+    @property
+    def last_client_metrics(self) -> dict[int, dict[str, float]]:
+        """The wrapped strategy's last train replies' metrics by node (private ones only)."""
+        return self.strategy.last_client_metrics
+
     def checkpoint_state(self) -> dict[str, Any]:
         return {"strategy": self.strategy.checkpoint_state(), "ledgers": dict(self.ledgers)}
 
