@@ -253,7 +253,7 @@ class RunConfig:
     non_private: bool = field(default=False, metadata=_key(
         lambda v: None, "mark the run non-private: only then are noise-free clients (node "
         "config noise = none) accepted; it switches no node's noise off"))
-    # ---- private FedQHD (learner = "fqi", offline; strategy avg, or anchor with
+    # ---- private FedQHD (learner = "fqi", offline or online; strategy avg, or anchor with
     # heterogeneous encoders) ----
     privacy: str = field(default="none", metadata=_key(_choice(PRIVACY_MODES), (
         "none; zcdp: private FedQHD, each client's one noisy release (sample-and-aggregate "
