@@ -331,3 +331,29 @@ def test_online_client_keeps_every_episode_and_spends_a_share_of_rho_a_round(tmp
     private_online_train(_context(RecordDict(), node), cfg, {C.READOUT: np.zeros((8, 2))})
     with pytest.raises(BudgetExceededError):  # 0.6 + 0.4 spent; 0.2 more exceeds 1.0
         private_online_train(_context(RecordDict(), node), cfg, {C.READOUT: np.zeros((8, 2))})
+
+
+def test_online_heterogeneous_client_releases_anchor_values_and_acts_with_the_teacher(
+        tmp_path, monkeypatch):
+    """With its own encoder a private online client replies noisy advantages on the anchors
+    the server sent, and acts with the teacher compiled into its features (greedy here:
+    epsilon 0), not with anything fitted to its data."""
+    from fedqhd.learners.fqi_online import STATE_PRIVATE_EPISODES, private_online_train
+
+    monkeypatch.setattr("fedqhd.learners.fqi_online.epsilon_schedule",
+                        lambda *a: lambda rounds: np.zeros_like(rounds, dtype=float))
+    cfg = RunConfig(privacy="zcdp", protocol="online", preset="manual", encoder="heterogeneous",
+                    num_server_rounds=2, episodes_per_round=4, privacy_chunks=2,
+                    output_dir=str(tmp_path))
+    node = {"ledger-dir": str(tmp_path / "ledgers"), "noise": "numpy"}
+    anchors = np.random.default_rng(15).uniform(-0.3, 0.3, size=(40, 4))
+    for prefer in (0, 1):  # a teacher preferring one action everywhere
+        state = RecordDict()
+        teacher = np.zeros((40, 2))
+        teacher[:, prefer] = 1.0
+        reply, metrics = private_online_train(_context(state, node), cfg,
+                                              {C.ANCHORS: anchors, C.TEACHER: teacher})
+        assert reply[C.Q_ANCHORS].shape == (40, 2) and C.READOUT not in reply
+        assert metrics[C.PRIVATE] == 1
+        actions = state[STATE_PRIVATE_EPISODES]["actions"].numpy()
+        assert np.mean(actions == prefer) > 0.9
