@@ -10,6 +10,7 @@ the user provides.
 
 from __future__ import annotations
 
+import hashlib
 import zipfile
 from pathlib import Path
 
@@ -20,6 +21,11 @@ from fedqhd.envs import get_spec, make_env
 
 ROLLOUT_LENGTH = 50  #: steps per short random rollout
 ANCHOR_SOURCES: tuple[str, ...] = ("rollouts", "uniform", "file")
+
+
+def anchor_digest(anchors: np.ndarray) -> str:
+    """A key of an anchor set (its float64 bytes): what a client caches per anchor set."""
+    return hashlib.sha1(np.ascontiguousarray(anchors, dtype=np.float64).tobytes()).hexdigest()
 
 
 def rollout_anchors(env_id: str, m: int, seed: int, length: int = ROLLOUT_LENGTH) -> np.ndarray:

@@ -325,6 +325,8 @@ def test_online_client_keeps_every_episode_and_spends_a_share_of_rho_a_round(tmp
         assert metrics[C.NUM_TRANSITIONS] == 1 and metrics[C.PRIVATE] == 1
         arrays = {C.READOUT: reply[C.READOUT]}
     assert not np.allclose(releases[1], releases[2])
+    first, last = (kept["observations"].numpy()[ids == i][0] for i in (0, 12))
+    assert not np.array_equal(first, last)  # each round collects new episodes (its own seed)
     ledger = json.loads(next((tmp_path / "ledgers").glob("*.json")).read_text())
     assert [e["rho"] for e in ledger["entries"]] == pytest.approx([0.2, 0.2, 0.2])
     private_online_train(_context(RecordDict(), node), cfg, {C.READOUT: np.zeros((8, 2))})

@@ -16,7 +16,6 @@ client's private shard with HD features, and everything both apps need about it.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from collections.abc import Callable, Sequence
 from logging import WARNING
@@ -26,7 +25,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 
-from fedqhd.anchors import make_anchors
+from fedqhd.anchors import anchor_digest, make_anchors
 from fedqhd.config import FEATURE_DTYPES, RunConfig
 from fedqhd.data import Shard, ShardLimits, client_shard
 from fedqhd.data.partition import partition_settings
@@ -241,7 +240,7 @@ class FQILearner:
 
         The anchor system is factored once per anchor set and reused every round.
         """
-        key = hashlib.sha1(np.ascontiguousarray(anchors, dtype=np.float64).tobytes()).hexdigest()
+        key = anchor_digest(anchors)
         if key != self._anchor_key:
             self._anchor_system = RidgeSystem(self.encoder.encode(anchors), self.compile_ridge)
             self._anchor_key = key
@@ -504,13 +503,10 @@ def private_reply(context: Context, cfg: RunConfig, arrays: Arrays
     readout, or its noisy advantages on the anchors the server sent (heterogeneous
     encoders); the clipped chunk fits are cached in this process, the release lives in
     ``context.state`` and the ledger on disk."""
-    pid, n_parts = partition(context)
-    data_dir = str(context.node_config.get("data-dir", "")) or cfg.data_dir
-    node = NodeSettings.of(context.node_config)
+    node_key = _node_key(context, cfg)
+    _, pid, n_parts, data_dir, _, node = node_key
     anchors = arrays.get(C.ANCHORS)
-    digest = None if anchors is None else hashlib.sha1(
-        np.ascontiguousarray(anchors, dtype=np.float64).tobytes()).hexdigest()
-    key = ("private", context.run_id, pid, n_parts, data_dir, cfg, node, digest)
+    key = ("private", *node_key, None if anchors is None else anchor_digest(anchors))
 
     def build() -> PrivateReadout:
         return private_model(cfg, _node_shard(cfg, pid, n_parts, data_dir, node), pid, anchors)

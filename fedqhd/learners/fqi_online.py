@@ -44,6 +44,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 
 from fedqhd.acting import collect, epsilon_schedule
+from fedqhd.anchors import anchor_digest
 from fedqhd.config import RunConfig
 from fedqhd.data import Shard, collect_shard
 from fedqhd.data.partition import partition_settings
@@ -180,11 +181,10 @@ def _anchor_features(client: OnlineClient, cache: dict[str, Any],
                      anchors: np.ndarray) -> np.ndarray:
     """The client's float32 features of the run's anchors (as the bench encodes them,
     :meth:`~fedqhd.online.OnlineClient.encode`), computed once per anchor set."""
-    anchors = np.ascontiguousarray(anchors, dtype=np.float64)
-    digest = hashlib.sha1(anchors.tobytes()).hexdigest()
+    digest = anchor_digest(anchors)
     if cache.get("anchor-digest") != digest:
         cache["anchor-digest"] = digest
-        cache["anchor-features"] = client.encode(anchors)
+        cache["anchor-features"] = client.encode(np.asarray(anchors, dtype=np.float64))
     return cache["anchor-features"]
 
 
@@ -271,9 +271,9 @@ def private_online_train(context: Context, cfg: RunConfig, arrays: Arrays
     earlier = context.state.get(STATE_PRIVATE_EPISODES)
     old: dict[str, np.ndarray] = ({k: v.numpy() for k, v in earlier.items()}
                                   if isinstance(earlier, ArrayRecord) else {})
-    done = int(old["n-episodes"][0]) if old else 0
-    round_index = int(old["rounds"][0]) if old else 0
     k = cfg.episodes_per_round
+    done = int(old["episode_ids"].max()) + 1 if old else 0  # ids run 0 .. done - 1
+    round_index = done // k
     # the schedule counts rounds here: a round's episodes all follow one public model
     epsilon = float(epsilon_schedule(*cfg.online.epsilon)(np.array(round_index)))
     new = collect_shard(cfg.env_id, k, epsilon, private_online_seed(cfg.seed, pid, round_index),
@@ -283,16 +283,15 @@ def private_online_train(context: Context, cfg: RunConfig, arrays: Arrays
     fresh["episode_ids"] = fresh["episode_ids"] + done
     merged: dict[str, Any] = {name: np.concatenate([old[name], fresh[name]]) if old
                               else fresh[name] for name in fresh}
-    context.state[STATE_PRIVATE_EPISODES] = C.to_array_record(
-        {**merged, "n-episodes": np.array([done + k]), "rounds": np.array([round_index + 1])})
-    shard = Shard(**merged, metadata=new.metadata)
-    model = private_model(cfg, shard, pid, arrays.get(C.ANCHORS))
+    context.state[STATE_PRIVATE_EPISODES] = C.to_array_record(merged)
+    model = private_model(cfg, Shard(**merged, metadata=new.metadata), pid,
+                          arrays.get(C.ANCHORS))
     # one ledger for the node's online trajectories of this env, seed and partition (a run
     # of the same seed collects the same episodes again): every round's release counts
-    model.fingerprint = data_fingerprint(np.frombuffer(
+    ledger_key = data_fingerprint(np.frombuffer(
         f"online|{cfg.env_id}|{cfg.seed}|{cfg.partition}|{pid}/{n_parts}".encode(), np.uint8))
     return private_readout(context, cfg, model, pid, rounds=cfg.num_server_rounds,
-                           round_index=round_index)
+                           round_index=round_index, ledger_key=ledger_key)
 
 
 class FQIOnline(FQI):

@@ -1,7 +1,9 @@
 """Private FedQHD (run-config ``privacy = "zcdp"``): each client releases ONE noisy readout
-under rho-zCDP (output perturbation by sample-and-aggregate), offline shards; with a shared
-encoder the readout itself, with heterogeneous encoders its advantages on the run's public
-anchor states (FedQHDAnchor's reply).
+under rho-zCDP (output perturbation by sample-and-aggregate); with a shared encoder the
+readout itself, with heterogeneous encoders its advantages on the run's public anchor states
+(FedQHDAnchor's reply). Offline shards release once; online clients release their growing
+episode store once a round at a share of the rho
+(:func:`fedqhd.learners.fqi_online.private_online_train`).
 
 Unit of protection: ONE TRAJECTORY (episode) of a client's shard, add/remove-one
 neighbours (two shards are neighbours when one is the other plus one episode). Why a
@@ -273,13 +275,14 @@ def ledger_metrics(ledger: PrivacyLedger, sigma: float) -> dict[str, float]:
 
 
 def private_readout(context: Context, cfg: RunConfig, model: PrivateReadout, pid: int,
-                    rounds: int = 1, round_index: int = 0
+                    rounds: int = 1, round_index: int = 0, ledger_key: str | None = None
                     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """A private client's reply: its noisy readout (``"readout"``, or ``"q-anchors"`` on
     anchors), checked against the shard's on-disk ledger first (one ledger entry).
     Offline (``rounds = 1``) it is released once and resent from the node state in later
     rounds (no new spend); online every round releases its growing buffer anew at
-    ``1 / rounds`` of the rho, so an episode's releases add up to at most the rho."""
+    ``1 / rounds`` of the rho, so an episode's releases add up to at most the rho.
+    ``ledger_key``: the ledger charged (default: the shard's fingerprint)."""
     key = C.READOUT if model.anchor_features is None else C.Q_ANCHORS
     node = NodeSettings.of(context.node_config)
     metrics: dict[str, float] = {C.NUM_TRANSITIONS: 1, C.PARTITION_ID: pid}
@@ -295,7 +298,7 @@ def private_readout(context: Context, cfg: RunConfig, model: PrivateReadout, pid
     source = (NumpyNoise(np.random.default_rng(entropy)) if node.reproducible_noise
               else make_noise_source(node.noise))
     with LedgerStore(ledger_dir(context.node_config)).open(
-            model.fingerprint, node.rho_budget, cfg.privacy_delta,
+            ledger_key or model.fingerprint, node.rho_budget, cfg.privacy_delta,
             f"partition-{pid}") as ledger:
         if STATE_RELEASE not in context.state or rounds > 1:
             # release_real charges the ledger (refusing beyond the budget) before any
