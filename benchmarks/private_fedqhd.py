@@ -26,9 +26,9 @@ server-side fixed-clipping DP wrapper (``privacy = "dp-fedavg"``) at the rho who
 (delta, exact Gaussian curve: Flower's noise is numpy's continuous Gaussian) is the
 column's. The units differ: DP-FedAvg protects a whole CLIENT (all its episodes) with a
 trusted server adding the noise; private FedQHD protects ONE EPISODE with the client
-adding the noise. ``--no-fedqhd`` leaves out the FedQHD columns.
+adding the noise.
 
-    python benchmarks/private_fedqhd.py --dqn --no-fedqhd --seeds 5,6,7,8,9
+    python benchmarks/private_fedqhd.py --dqn --epsilons 1,2,4,8,16 --seeds 10,11,12,13,14
 """
 
 from __future__ import annotations
@@ -146,7 +146,6 @@ def main() -> None:
                              "on the anchors (reference: FedQHDAnchor)")
     parser.add_argument("--dqn", action="store_true",
                         help="add offline FedAvg-DQN and DP-FedAvg-DQN at each epsilon")
-    parser.add_argument("--no-fedqhd", action="store_true", help="leave out FedQHD's columns")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
     os.environ["FEDQHD_LEDGER_DIR"] = tempfile.mkdtemp()  # studies spend no real budget
@@ -161,12 +160,10 @@ def main() -> None:
         total = int(extra.get("episodes-per-client", SETTING["episodes-per-client"]))
         extra["episodes-per-round"] = max(1, total // args.rounds)
     columns: list[tuple[str, float, float | None]] = (
-        [] if args.no_reference or args.no_fedqhd
-        else [("exact", 0.0, None), ("non-private", 1.0, None)])
+        [] if args.no_reference else [("exact", 0.0, None), ("non-private", 1.0, None)])
     targets = [float(e) for e in args.epsilons.split(",")]
-    if not args.no_fedqhd:
-        for target in targets:
-            columns.append(("private", rho_for_epsilon(target, args.delta, args.noise), target))
+    for target in targets:
+        columns.append(("private", rho_for_epsilon(target, args.delta, args.noise), target))
     if args.dqn:
         columns.append(("dqn", 0.0, None))
         for target in targets:  # Flower adds numpy's (continuous) Gaussian noise
