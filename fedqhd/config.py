@@ -244,12 +244,7 @@ class RunConfig:
     eval_every: int = field(default=1, metadata=_key(_int_range(1, 100_000), (
         "evaluate the greedy policy every this-many rounds and after the last (greedy "
         "evaluation is ~15 % of an online run's CPU)")))
-    # ---- pool learner (learner = "pool", env-id = fedqhd/Inventory-v0) ----
-    pool_rho: float = field(default=1.0, metadata=_key(_float_range(0.0, 1e6, lo_open=True),
-                                                       "zCDP rho of a client's one release, "
-                                                       "at most the node config's 'rho' (a "
-                                                       "higher one is lowered to it; the "
-                                                       "budget and the noise are the node's)"))
+    # ---- pool learner (learner = "pool", env-id = fedqhd/Inventory-v0; its rho: privacy-rho) ----
     non_private: bool = field(default=False, metadata=_key(
         lambda v: None, "mark the run non-private: only then are noise-free clients (node "
         "config noise = none) accepted; it switches no node's noise off"))
@@ -265,8 +260,9 @@ class RunConfig:
         "aggregation mean; averages uniformly, no screening; noise calibrated on min-nodes "
         "clients)")))
     privacy_rho: float = field(default=1.0, metadata=_key(
-        _float_range(0.0, 1e6, lo_open=True), "privacy = zcdp: zCDP rho of one client's "
-        "release (its only one), at most the node config's 'rho'; dp-fedavg: "
+        _float_range(0.0, 1e6, lo_open=True), "zCDP rho of one client's release (its "
+        "only one: privacy = zcdp, or learner = pool), at most the node config's 'rho' (a "
+        "higher one is lowered to it; the budget and the noise are the node's); dp-fedavg: "
         "rho of the whole run (noise multiplier sqrt(num-server-rounds / (2 rho)))"))
     privacy_chunks: int = field(default=50, metadata=_key(_int_range(1, 1_000_000), (
         "privacy = zcdp: m, the chunks a client's episodes are hashed into; each chunk fits "
@@ -559,6 +555,8 @@ def unknown_keys_message(unknown: list[str], known: Any) -> str:
     """``unknown run-config key(s) 'a' (did you mean 'b'?)...; valid keys: ...``: what
     every refusal of a key says (the run config here, ``fedqhd check``)."""
     def hint(k: str) -> str:  # a moved or removed key is explained below instead
+        if k in RENAMED_KEYS:
+            return f" (renamed: use '{RENAMED_KEYS[k]}')"
         return "" if _node_keys_hint([k]) or k in REMOVED_KEYS else did_you_mean(k, known)
 
     named = ", ".join(f"'{k}'{hint(k)}" for k in unknown)
@@ -566,6 +564,8 @@ def unknown_keys_message(unknown: list[str], known: Any) -> str:
             f"{removed_keys_hint(unknown)}; valid keys: {', '.join(sorted(known))}")
 
 
+#: former run-config keys merged into another one: a run config that names one is told which
+RENAMED_KEYS = {"pool-rho": "privacy-rho"}
 #: former run-config keys that are now the node's own, and the node-config key that took over
 MOVED_TO_NODE_CONFIG = {"pool-rho-budget": "rho-budget", "pool-noise": "noise",
                         "reproducible-noise": "reproducible-noise"}
@@ -584,7 +584,7 @@ def _node_keys_hint(unknown: list[str]) -> str:
     where = ", ".join(f"'{k}' -> node-config '{v}'" for k, v in moved.items())
     return (f" ({where}: a node's privacy and data limits are set by the node's operator, in "
             "each SuperNode's --node-config, never by the run; a run may only ask for more "
-            "privacy, with a lower pool-rho)")
+            "privacy, with a lower privacy-rho)")
 
 
 def _field_default(name: str) -> Any:

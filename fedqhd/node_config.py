@@ -7,7 +7,7 @@ take, and how many encoded shards one process keeps. A run config cannot lift th
 POOL learner's privacy settings are the node's too (:data:`PRIVACY_KEYS`, read by
 :class:`fedqhd.learners.pool_federated.ClientPrivacy`): its noise source, its total
 budget, the most rho one release may spend, and its consent to noise anyone can
-regenerate; a run may ask for more privacy (a lower ``pool-rho``), never less.
+regenerate; a run may ask for more privacy (a lower ``privacy-rho``), never less.
 ``partition-id``, ``num-partitions`` and ``data-dir`` say which data the node holds.
 """
 
@@ -61,7 +61,7 @@ class NodeSettings(KeyedSettings):
         "node's shard, in any run (the on-disk ledger)")
     rho: float = setting(
         1.0, number(0.0, 1e6, lo_open=True), "most zCDP rho one release may spend: a run's "
-        "pool-rho above it is lowered to it")
+        "privacy-rho above it is lowered to it")
     reproducible_noise: bool = setting(
         False, flag, "numpy noise seeded from the run's seed and partition (regenerable by "
         "anyone with the run config: epsilon = infinity); needs noise = numpy")

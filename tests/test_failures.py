@@ -227,6 +227,9 @@ def test_config_errors_elsewhere_say_did_you_mean() -> None:
         RunConfig.from_run_config({"hd-dims": 100})
     with pytest.raises(ConfigError, match=r"\(did you mean 'anchor'\?\)"):
         RunConfig.from_run_config({"strategy": "anchr"})
+    # a merged key names the key that took it over (POOL's rho is privacy-rho)
+    with pytest.raises(ConfigError, match=r"'pool-rho' \(renamed: use 'privacy-rho'\)"):
+        RunConfig.from_run_config({"learner": "pool", "pool-rho": 0.5})
 
 
 # ------------------------------------------------------------------ under flwr run

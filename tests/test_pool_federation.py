@@ -129,12 +129,12 @@ def test_server_screens_out_non_private_replies_unless_the_run_is_non_private(tm
 
 
 def test_every_client_ledger_is_in_results_and_budgets_are_enforced(tmp_path):
-    cfg = _cfg(tmp_path, **{"num-server-rounds": 2, "pool-rho": 5.0})
+    cfg = _cfg(tmp_path, **{"num-server-rounds": 2, "privacy-rho": 5.0})
     fresh = {"reproducible-noise": False}  # numpy noise nobody can draw again
     data = _run(cfg, [fresh, {"rho": 4.0, **fresh}, {"rho": 5.0, "rho-budget": 1.0}, {}])
     ledgers = data["final"]["privacy-ledgers"]
     assert set(ledgers) == {"0", "1", "3"}  # client 2 asked for more than its budget
-    # each node's own rho caps the run's pool-rho = 5 (node 0 and 3: the default cap, 1)
+    # each node's own rho caps the run's privacy-rho = 5 (node 0 and 3: the default cap, 1)
     assert [ledgers[k]["rho-spent"] for k in ("0", "1", "3")] == [1.0, 4.0, 1.0]
     assert ledgers["0"]["epsilon-cks"] == pytest.approx(7.077, abs=1e-3)
     assert ledgers["0"]["epsilon-exact"] == pytest.approx(6.573, abs=1e-3)
@@ -185,7 +185,7 @@ def test_run_config_ties_learners_to_their_tasks():
 def test_adopt_teacher_compiles_a_representable_teacher_exactly(tmp_path, zoning):
     """A teacher that is some POOL fit's own Q on the anchors is recovered on those anchors
     (trust 1), also where a point mixes several post-decision zones; trust 0 keeps own."""
-    cfg = _cfg(tmp_path, pool={"zoning": zoning, "zones": 25}, **{"pool-rho": 5.0})
+    cfg = _cfg(tmp_path, pool={"zoning": zoning, "zones": 25}, **{"privacy-rho": 5.0})
     assert pl.zoning(cfg)[0].kind == ("post-decision" if zoning == "post-decision" else "zones")
     assert pl.learner_options(cfg)["kernel"] == ("shared" if zoning == "post-decision"
                                                  else "zone")

@@ -71,7 +71,7 @@ def test_numpy_noise_is_fresh_unless_the_node_asks_for_reproducible_noise(tmp_pa
 
 
 def test_releases_of_one_shard_share_one_budget_on_disk(tmp_path, private_ledger_dir):
-    cfg = _cfg(tmp_path, **{"pool-rho": 4.0})  # budget 10
+    cfg = _cfg(tmp_path, **{"privacy-rho": 4.0})  # budget 10
     node = {**NUMPY, "rho": 4.0}  # a node that allows releases of rho 4
     _release(cfg, **node)
     _, second = _release(cfg, **node)  # a new run (or restarted node) on the same shard
@@ -92,7 +92,7 @@ def test_releases_of_one_shard_share_one_budget_on_disk(tmp_path, private_ledger
 
 
 def test_a_release_beyond_the_budget_is_a_failed_reply_in_a_new_run(tmp_path):
-    cfg = _cfg(tmp_path, **{"pool-rho": 6.0})
+    cfg = _cfg(tmp_path, **{"privacy-rho": 6.0})
     # deterministic noise; budget 10: client 0 fits once, client 1 ten times
     nodes = [{"rho": 6.0, **SEEDED}, {"rho": 1.0, **SEEDED}]
 
@@ -139,7 +139,7 @@ def test_the_run_config_cannot_loosen_a_nodes_privacy(tmp_path, private_ledger_d
     from fedqhd.server.app import main as server_main
 
     preset = write_preset(tmp_path, "pool-small", trajectories=200, **{"eval-episodes": 50})
-    loose = {**SMALL, "preset": preset, "non-private": True, "pool-rho": 1000.0}
+    loose = {**SMALL, "preset": preset, "non-private": True, "privacy-rho": 1000.0}
 
     def serve(run_config: dict, name: str) -> tuple[InProcessGrid, dict]:
         run_config = {**run_config, "output-dir": str(tmp_path / name)}
@@ -167,7 +167,7 @@ def test_the_run_config_cannot_loosen_a_nodes_privacy(tmp_path, private_ledger_d
             run_federation(grid, cfg)
     assert on_disk() == []
 
-    # non-private = true and pool-rho = 1000: the nodes draw OpenDP noise at their own 1.5
+    # non-private = true and privacy-rho = 1000: the nodes draw OpenDP noise at their own 1.5
     grid, first = serve(loose, "loose")
     assert first["final"]["status"] == "completed"
     for entry in first["final"]["privacy-ledgers"].values():
@@ -186,8 +186,8 @@ def test_the_run_config_cannot_loosen_a_nodes_privacy(tmp_path, private_ledger_d
     assert [[(e["rho"], e["noise"]) for e in led["entries"]] for led in on_disk()] == [
         [(0.75, "opendp-discrete-gaussian")] * 2] * 2
 
-    # a run may ask for more privacy: pool-rho 0.25 fits the 0.5 left
-    _, stricter = serve({**loose, "pool-rho": 0.25}, "stricter")
+    # a run may ask for more privacy: privacy-rho 0.25 fits the 0.5 left
+    _, stricter = serve({**loose, "privacy-rho": 0.25}, "stricter")
     assert [e["rho-spent"] for e in stricter["final"]["privacy-ledgers"].values()] == [1.75] * 2
 
     # the next loose run would take each shard past its node's budget: refused, on disk too

@@ -199,7 +199,7 @@ def federated_study(clients: int, rho: float, seeds: int, **settings: object
         for seed in range(seeds):
             cfg = parse_run_config({
                 "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": seed,
-                "num-server-rounds": 1, "pool-rho": rho, "min-nodes": clients,
+                "num-server-rounds": 1, "privacy-rho": rho, "min-nodes": clients,
                 "output-dir": tmp, "preset": preset})
             nodes = [{"ledger-dir": f"{tmp}/ledgers", "noise": "numpy",
                       "reproducible-noise": True, "rho": rho}] * clients

@@ -27,7 +27,7 @@ def _audit_counts(a: argparse.Namespace, source: Any, seed: int | None
     from fedqhd.studies.pool_audit import neighbouring_counts
 
     cfg = parse_run_config({
-        "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": a.seed, "pool-rho": a.rho,
+        "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": a.seed, "privacy-rho": a.rho,
     }).with_pool(horizon=a.horizon, trajectories=a.trajectories)
     d, d_prime = neighbouring_counts(cfg, a.neighbours)
     res = audit_release(d, d_prime, a.rho, count_sensitivity(a.horizon), source, a.releases,

@@ -144,7 +144,7 @@ class Pool:
                     diagnostics=((C.PROJECTION_RESIDUAL, "teacher projection residual"),))
 
     def title(self, cfg: RunConfig) -> str:
-        privacy = "non-private" if cfg.non_private else f"rho = {cfg.pool_rho:g}"
+        privacy = "non-private" if cfg.non_private else f"rho = {cfg.privacy_rho:g}"
         return f"{cfg.env_id}: POOL ({privacy}), {cfg.resolved_strategy} teacher"
 
     def final_line(self, final: dict[str, Any]) -> str:

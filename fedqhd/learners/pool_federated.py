@@ -101,7 +101,7 @@ class ClientPrivacy:
     budget 10, at most rho 1 a release, noise nobody can regenerate).
 
     The run config may only ask for more privacy: a release spends
-    ``min(run pool-rho, node rho)``, so the node's ``rho`` is a per-release maximum. Its
+    ``min(run privacy-rho, node rho)``, so the node's ``rho`` is a per-release maximum. Its
     ``non-private`` key cannot switch a node's noise off (only node ``noise = "none"``
     does, and then only in a run marked non-private), and seeded noise needs the node's
     ``reproducible-noise = true``.
@@ -117,9 +117,9 @@ class ClientPrivacy:
     @classmethod
     def of(cls, cfg: RunConfig, node_config: dict[str, Any]) -> ClientPrivacy:
         """The node's settings (:class:`~fedqhd.node_config.NodeConfigError` for a bad
-        one) with the run's ``pool-rho`` where it is the smaller."""
+        one) with the run's ``privacy-rho`` where it is the smaller."""
         node = NodeSettings.of(node_config)
-        return cls(min(cfg.pool_rho, node.rho), node.rho_budget, node.noise, cfg.pool.delta,
+        return cls(min(cfg.privacy_rho, node.rho), node.rho_budget, node.noise, cfg.pool.delta,
                    ledger_dir(node_config), node.reproducible_noise)
 
 
