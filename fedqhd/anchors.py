@@ -20,7 +20,10 @@ from gymnasium.spaces import Discrete
 from fedqhd.envs import get_spec, make_env
 
 ROLLOUT_LENGTH = 50  #: steps per short random rollout
-ANCHOR_SOURCES: tuple[str, ...] = ("rollouts", "uniform", "file")
+#: the generated anchor sets; any other ``anchor-source`` is the path of a .npy or .npz file
+ANCHOR_SOURCES: tuple[str, ...] = ("rollouts", "uniform")
+#: the file suffixes an ``anchor-source`` path may have
+ANCHOR_FILE_SUFFIXES: tuple[str, ...] = (".npy", ".npz")
 
 
 def anchor_digest(anchors: np.ndarray) -> str:
@@ -107,12 +110,14 @@ def load_anchors(path: str | Path, env_id: str) -> np.ndarray:
     return out
 
 
-def make_anchors(source: str, env_id: str, m: int, seed: int, path: str = "") -> np.ndarray:
-    """Anchors from ``source`` in {"rollouts", "uniform", "file"}."""
+def make_anchors(source: str, env_id: str, m: int, seed: int) -> np.ndarray:
+    """Anchors from ``source``: "rollouts", "uniform" (``m`` of them, from ``seed``) or the
+    path of a .npy / .npz file (:func:`load_anchors`; ``m`` and ``seed`` unused)."""
     if source == "rollouts":
         return rollout_anchors(env_id, m, seed)
     if source == "uniform":
         return uniform_anchors(env_id, m, seed)
-    if source == "file":
-        return load_anchors(path, env_id)
-    raise ValueError(f"anchor source must be rollouts, uniform or file, got {source!r}")
+    if source.endswith(ANCHOR_FILE_SUFFIXES):
+        return load_anchors(source, env_id)
+    raise ValueError(f"anchor source must be rollouts, uniform or the path of a .npy or "
+                     f".npz file, got {source!r}")

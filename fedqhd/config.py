@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fedqhd.anchors import ANCHOR_SOURCES
+from fedqhd.anchors import ANCHOR_FILE_SUFFIXES, ANCHOR_SOURCES
 from fedqhd.data.partition import PARTITIONS
 from fedqhd.encoders import ENCODER_KINDS
 from fedqhd.envs import env_ids, get_entry, get_spec, load_env_modules
@@ -68,6 +68,13 @@ PRESET_MODES: tuple[str, ...] = ("auto", "manual")
 
 class ConfigError(ValueError):
     """A run-config key has a bad value; the message names the key and the valid range."""
+
+
+def _anchor_source(v: Any) -> str | None:
+    if v in ANCHOR_SOURCES or (isinstance(v, str) and v.endswith(ANCHOR_FILE_SUFFIXES)):
+        return None
+    hint = "" if v == "file" else did_you_mean(v, ANCHOR_SOURCES)  # 'file': the old spelling
+    return f"rollouts, uniform, or the path of a .npy or .npz anchor file{hint}"
 
 
 def _preset(v: Any) -> str | None:
@@ -169,10 +176,9 @@ class RunConfig:
                                                                 "client weights"))
     fraction_train: float = field(default=1.0, metadata=_key(
         _float_range(0.0, 1.0, lo_open=True), "fraction of nodes trained per round"))
-    anchor_source: str = field(default="rollouts", metadata=_key(_choice(ANCHOR_SOURCES),
-                                                                 "where anchors come from"))
-    anchor_file: str = field(default="", metadata=_key(
-        lambda v: None, ".npy of anchors, or .npz with key 'anchors' (anchor-source=file)"))
+    anchor_source: str = field(default="rollouts", metadata=_key(_anchor_source, (
+        "where anchors come from: short random rollouts, uniform in the observation bounds, "
+        "or your file (a .npy of shape (m, obs_dim), or a .npz with key 'anchors')")))
     num_anchors: int = field(default=1000, metadata=_key(_int_range(1, 1_000_000),
                                                          "m, anchor states"))
     min_nodes: int = field(default=2, metadata=_key(_int_range(1, 100_000),
@@ -349,9 +355,6 @@ class RunConfig:
                    if self.protocol == "online" else
                    "a POOL client's release lives only in its node state, and releasing "
                    "again would spend its privacy budget again"))
-        if self.anchor_source == "file" and not self.anchor_file:
-            raise ConfigError("run-config key 'anchor-file' must name a .npy or .npz file when "
-                              "'anchor-source' = 'file'")
 
     def _check_private(self) -> None:
         """Private FedQHD: one noisy release per client (a readout with a shared encoder,
@@ -556,7 +559,7 @@ def unknown_keys_message(unknown: list[str], known: Any) -> str:
     every refusal of a key says (the run config here, ``fedqhd check``)."""
     def hint(k: str) -> str:  # a moved or removed key is explained below instead
         if k in RENAMED_KEYS:
-            return f" (renamed: use '{RENAMED_KEYS[k]}')"
+            return f" ({RENAMED_KEYS[k]})"
         return "" if _node_keys_hint([k]) or k in REMOVED_KEYS else did_you_mean(k, known)
 
     named = ", ".join(f"'{k}'{hint(k)}" for k in unknown)
@@ -565,7 +568,8 @@ def unknown_keys_message(unknown: list[str], known: Any) -> str:
 
 
 #: former run-config keys merged into another one: a run config that names one is told which
-RENAMED_KEYS = {"pool-rho": "privacy-rho"}
+RENAMED_KEYS = {"pool-rho": "renamed: use 'privacy-rho'",
+                "anchor-file": "merged: give the file's path as 'anchor-source'"}
 #: former run-config keys that are now the node's own, and the node-config key that took over
 MOVED_TO_NODE_CONFIG = {"pool-rho-budget": "rho-budget", "pool-noise": "noise",
                         "reproducible-noise": "reproducible-noise"}

@@ -18,7 +18,7 @@ def test_sources_give_m_states_of_the_right_width_deterministically():
 def test_anchor_file_is_validated(tmp_path):
     good = tmp_path / "a.npy"
     np.save(good, np.zeros((5, 4)))
-    assert make_anchors("file", "CartPole-v1", 0, 0, path=str(good)).shape == (5, 4)
+    assert make_anchors(str(good), "CartPole-v1", 0, 0).shape == (5, 4)
     wrong = tmp_path / "wrong.npy"
     np.save(wrong, np.zeros((5, 3)))
     with pytest.raises(ValueError, match=r"wrong.npy: expected shape \(m, 4\)"):
@@ -29,3 +29,16 @@ def test_anchor_file_is_validated(tmp_path):
         load_anchors(nan, "CartPole-v1")
     with pytest.raises(ValueError, match="missing.npy: cannot read"):
         load_anchors(tmp_path / "missing.npy", "CartPole-v1")
+
+
+def test_a_run_takes_its_anchors_from_the_file_anchor_source_names(tmp_path):
+    from fedqhd.config import RunConfig
+    from fedqhd.learners import fqi
+
+    path = tmp_path / "mine.npz"
+    mine = np.random.default_rng(0).uniform(-1, 1, size=(7, 4))
+    np.savez(path, anchors=mine)
+    cfg = RunConfig.from_run_config({"encoder": "heterogeneous", "anchor-source": str(path)})
+    plan = fqi.anchor_plan(cfg)
+    assert plan.run_info["anchors-shape"] == [7, 4]
+    np.testing.assert_array_equal(plan.strategy.anchors, mine)

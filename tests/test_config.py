@@ -40,8 +40,13 @@ def test_unknown_keys_and_inconsistent_combinations_are_refused():
         RunConfig.from_run_config({"strategy": "avg", "encoder": "heterogeneous"})
     with pytest.raises(ConfigError, match="epsilon-min"):
         RunConfig.from_run_config({"epsilon-min": 0.9, "epsilon-max": 0.5})
-    with pytest.raises(ConfigError, match="anchor-file"):
+    # an anchor file is named by its path in anchor-source; the key and value of old are gone
+    with pytest.raises(ConfigError, match="'anchor-source'.*the path of a .npy or .npz"):
         RunConfig.from_run_config({"anchor-source": "file"})
+    with pytest.raises(ConfigError, match=r"'anchor-file' \(merged: give the file's path as "
+                                          r"'anchor-source'\)"):
+        RunConfig.from_run_config({"anchor-file": "a.npy"})
+    assert RunConfig.from_run_config({"anchor-source": "my/a.npz"}).anchor_source == "my/a.npz"
 
 
 def test_ints_are_accepted_for_floats_and_strategy_auto_resolves():

@@ -242,9 +242,9 @@ def test_a_tasks_anchor_keys_choose_the_apps_anchors(tmp_path, monkeypatch):
     made: list[np.ndarray] = []
     real = fqi.make_anchors
 
-    def spy(source, env_id, m, seed, path=""):
+    def spy(source, env_id, m, seed):
         asked.append((source, env_id, m))
-        made.append(real(source, env_id, m, seed=seed, path=path))
+        made.append(real(source, env_id, m, seed=seed))
         return made[-1]
 
     monkeypatch.setattr(fqi, "make_anchors", spy)

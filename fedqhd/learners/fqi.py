@@ -482,7 +482,7 @@ def anchor_plan(cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
     global model, so every client evaluates its own policy each round; behind a
     PrivacyScreen in a private run."""
     anchors = make_anchors(cfg.anchor_source, cfg.env_id, cfg.num_anchors,
-                           seed=anchor_seed(cfg.seed), path=cfg.anchor_file)
+                           seed=anchor_seed(cfg.seed))
     strategy = FedQHDAnchor(anchors, get_spec(cfg.env_id).n_actions, fraction_evaluate=1.0,
                             **strategy_kwargs)
     info: dict[str, Any] = {"anchors-shape": list(anchors.shape)}

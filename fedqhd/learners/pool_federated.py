@@ -289,7 +289,7 @@ def pool_anchors(cfg: RunConfig) -> np.ndarray:
 
     ``uniform``: uniform in the cube; ``rollouts``: (s, a) pairs of uniform-random
     orders in the public simulator (the behaviour distribution, no client data);
-    ``file``: a .npy array of shape (m, w + d) with values in [0, 1].
+    a path: a .npy array of shape (m, w + d) with values in [0, 1].
     """
     w, m = cfg.pool.products, cfg.num_anchors
     rng = pool_anchor_rng(cfg.seed)
@@ -300,9 +300,9 @@ def pool_anchors(cfg: RunConfig) -> np.ndarray:
         data = generate_dataset(inventory_model(cfg), per, random_state=int(rng.integers(2**31)))
         b = np.concatenate([data.states[:, :-1], data.actions], axis=-1).reshape(-1, 2 * w)
         return b[rng.permutation(len(b))[:m]]
-    anchors = np.load(cfg.anchor_file, allow_pickle=False).astype(np.float64)
+    anchors = np.load(cfg.anchor_source, allow_pickle=False).astype(np.float64)
     if anchors.ndim != 2 or anchors.shape[1] != 2 * w or not np.all((anchors >= 0)
                                                                     & (anchors <= 1)):
-        raise ValueError(f"anchor file {cfg.anchor_file}: expected (m, {2 * w}) values in "
+        raise ValueError(f"anchor file {cfg.anchor_source}: expected (m, {2 * w}) values in "
                          f"[0, 1] for the POOL setting products = {w}, got shape {anchors.shape}")
     return anchors
