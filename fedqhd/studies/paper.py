@@ -180,7 +180,9 @@ def run_app_cell(method: str, env_id: str, setting: str, seed: int, episodes: in
             "greedy-return": float(rows[-1]["return-mean"]),
             "wall-s": time.perf_counter() - wall0, "cpu-s": time.process_time() - cpu0,
             "curve": [(r["round"] * per_round, r["train-return-last100"]) for r in rows],
-            "value-bias": [(r["round"] * per_round, r["value-bias"]) for r in rows],
+            # FQI and TD clients report their start states' value bias; DQN clients do not
+            "value-bias": [(r["round"] * per_round, r["value-bias"]) for r in rows
+                           if "value-bias" in r],
             "config": cfg.record()}
 
 
