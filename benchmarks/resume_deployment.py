@@ -7,6 +7,7 @@ consensus-ADMM clients; the SuperNodes keep their node ids between the runs).
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedqhd.deploy.launcher import LocalDeployment
+from fedqhd.deploy.launcher import LocalDeployment, interrupts_as_exceptions
 
 BASE = {"min-nodes": 3, "eval-episodes": 2, "hd-dim": 200, "seed": 4}
 
@@ -47,4 +48,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    with interrupts_as_exceptions():  # a SIGTERM (timeout, CI) still stops the deployment
+        main()
