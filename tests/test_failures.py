@@ -218,6 +218,8 @@ def test_fedqhd_check_names_a_misspelled_key(capsys: pytest.CaptureFixture[str])
     assert "add it to [tool.flwr.app.config]" in capsys.readouterr().err
     assert fedqhd_main(["check", str(ROOT), "--run-config", "partition='idd'"]) == 2
     assert "did you mean 'iid'?" in capsys.readouterr().err
+    assert fedqhd_main(["check", str(ROOT), "--run-config", "pool-rho=0.5"]) == 2
+    assert "(renamed: use 'privacy-rho')" in capsys.readouterr().err
     assert fedqhd_main(["check", str(ROOT), "--run-config", "num-server-rounds=3"]) == 0
     assert "run config ok" in capsys.readouterr().out
 

@@ -47,7 +47,7 @@ def overrides(items: list[str]) -> dict[str, Any]:
 def fused_config(app: Path, items: list[str]) -> dict[str, Any]:
     """The run config Flower would give the apps: the pyproject's keys, overridden.
     A key the pyproject does not list is refused here, named, as Flower refuses it."""
-    from fedqhd.config import run_config_fields
+    from fedqhd.config import RENAMED_KEYS, run_config_fields
 
     listed = app_config(app)
     given = overrides(items)
@@ -56,7 +56,8 @@ def fused_config(app: Path, items: list[str]) -> dict[str, Any]:
         if key in listed:
             continue
         hint = ("; fedqhd knows it: add it to [tool.flwr.app.config] to set it with "
-                "--run-config" if key in ours else did_you_mean(key, listed))
+                "--run-config" if key in ours else
+                f" ({RENAMED_KEYS[key]})" if key in RENAMED_KEYS else did_you_mean(key, listed))
         raise ConfigError(f"--run-config key '{key}' is not in {app / 'pyproject.toml'}'s "
                           f"[tool.flwr.app.config]{hint} (flwr run would answer only "
                           "'[code: 15] Invalid run configuration.')")
