@@ -73,8 +73,8 @@ class ConfigError(ValueError):
 def _anchor_source(v: Any) -> str | None:
     if v in ANCHOR_SOURCES or (isinstance(v, str) and v.endswith(ANCHOR_FILE_SUFFIXES)):
         return None
-    hint = "" if v == "file" else did_you_mean(v, ANCHOR_SOURCES)  # 'file': the old spelling
-    return f"rollouts, uniform, or the path of a .npy or .npz anchor file{hint}"
+    return ("rollouts, uniform, or the path of a .npy or .npz anchor file"
+            f"{did_you_mean(v, ANCHOR_SOURCES)}")
 
 
 def _preset(v: Any) -> str | None:
@@ -559,7 +559,7 @@ def unknown_keys_message(unknown: list[str], known: Any) -> str:
     every refusal of a key says (the run config here, ``fedqhd check``)."""
     def hint(k: str) -> str:  # a moved or removed key is explained below instead
         if k in RENAMED_KEYS:
-            return f" ({RENAMED_KEYS[k]})"
+            return renamed_key_hint(k)
         return "" if _node_keys_hint([k]) or k in REMOVED_KEYS else did_you_mean(k, known)
 
     named = ", ".join(f"'{k}'{hint(k)}" for k in unknown)
@@ -570,6 +570,13 @@ def unknown_keys_message(unknown: list[str], known: Any) -> str:
 #: former run-config keys merged into another one: a run config that names one is told which
 RENAMED_KEYS = {"pool-rho": "renamed: use 'privacy-rho'",
                 "anchor-file": "merged: give the file's path as 'anchor-source'"}
+
+
+def renamed_key_hint(key: str) -> str:
+    """`` (renamed: use 'b')`` for a former key merged into another; empty for the rest."""
+    return f" ({RENAMED_KEYS[key]})" if key in RENAMED_KEYS else ""
+
+
 #: former run-config keys that are now the node's own, and the node-config key that took over
 MOVED_TO_NODE_CONFIG = {"pool-rho-budget": "rho-budget", "pool-noise": "noise",
                         "reproducible-noise": "reproducible-noise"}

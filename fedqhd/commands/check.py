@@ -47,7 +47,7 @@ def overrides(items: list[str]) -> dict[str, Any]:
 def fused_config(app: Path, items: list[str]) -> dict[str, Any]:
     """The run config Flower would give the apps: the pyproject's keys, overridden.
     A key the pyproject does not list is refused here, named, as Flower refuses it."""
-    from fedqhd.config import RENAMED_KEYS, run_config_fields
+    from fedqhd.config import renamed_key_hint, run_config_fields
 
     listed = app_config(app)
     given = overrides(items)
@@ -57,7 +57,7 @@ def fused_config(app: Path, items: list[str]) -> dict[str, Any]:
             continue
         hint = ("; fedqhd knows it: add it to [tool.flwr.app.config] to set it with "
                 "--run-config" if key in ours else
-                f" ({RENAMED_KEYS[key]})" if key in RENAMED_KEYS else did_you_mean(key, listed))
+                renamed_key_hint(key) or did_you_mean(key, listed))
         raise ConfigError(f"--run-config key '{key}' is not in {app / 'pyproject.toml'}'s "
                           f"[tool.flwr.app.config]{hint} (flwr run would answer only "
                           "'[code: 15] Invalid run configuration.')")

@@ -47,7 +47,6 @@ from fedqhd.acting import collect, epsilon_schedule
 from fedqhd.anchors import anchor_digest
 from fedqhd.config import RunConfig
 from fedqhd.data import Shard, collect_shard
-from fedqhd.data.partition import partition_settings
 from fedqhd.envs import get_spec
 from fedqhd.learners.base import Arrays, Curves, Metrics, ServerPlan, partition
 from fedqhd.learners.fqi import (
@@ -95,8 +94,7 @@ def _client_key(context: Context, cfg: RunConfig) -> tuple[Any, ...]:
 def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, dict[str, Any]]:
     """A fresh client of partition ``pid`` (empty buffer, zero readout) and its cache."""
     encoder = client_encoder(cfg, pid)
-    dynamics = partition_settings(cfg.partition, pid, n_parts, cfg.seed,
-                                  env_id=cfg.env_id)["dynamics"]
+    dynamics = client_dynamics(cfg, pid, n_parts)
     dim = int(encoder.omega_.shape[1])
     settings = cfg.online
     td = settings.update == "td"  # learns while it acts: no buffer, one episode at a time
@@ -106,7 +104,7 @@ def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, d
                           capacity=0 if td else default_capacity(dim),
                           per_episode=settings.per_episode,
                           n_parallel=1 if td else cfg.episodes_per_round,
-                          seed=shard_seed(cfg.seed, pid), dynamics=dynamics or None,
+                          seed=shard_seed(cfg.seed, pid), dynamics=dynamics,
                           update=settings.update, td_rate=settings.td_rate)
     return client, {"dynamics": dynamics}
 
