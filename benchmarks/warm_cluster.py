@@ -127,8 +127,7 @@ def one_run(i: int, env: dict[str, str], out: Path, args: argparse.Namespace,
     run_out = out / f"run-{i}"
     cmd = [str(BIN / "flwr"), "run", str(PROJECT), "ray-cluster", "--stream",
            "--federation-config",
-           f"num-supernodes={args.supernodes} client-resources-num-cpus={args.client_cpus}",
-           "--run-config",
+           f"num-supernodes={args.supernodes} client-resources-num-cpus=1", "--run-config",
            f"{args.run_config} verbose=true output-dir='{run_out}'"]
     before = load()
     t0 = time.perf_counter()
@@ -200,8 +199,7 @@ def inner(args: argparse.Namespace) -> int:
             started.append(subprocess.Popen(cmd, cwd=cwd, env=dict(env, **extra), stdout=fh,
                                             stderr=subprocess.STDOUT, start_new_session=True))
 
-    report: dict = {"nodes": args.nodes, "client-cpus": args.client_cpus, "poll": args.poll,
-                    "runs": [],
+    report: dict = {"nodes": args.nodes, "poll": args.poll, "runs": [],
                     "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
     try:
         t0 = time.perf_counter()
@@ -250,8 +248,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, choices=(1, 2), default=2)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--client-cpus", type=int, choices=(1, 2), default=1,
-                        help="CPUs per ClientApp actor (its BLAS threads); 2 needs --nodes 1")
     parser.add_argument("--out", default="/tmp/warm-cluster")
     parser.add_argument("--supernodes", type=int, default=5, help="SuperNodes (clients)")
     parser.add_argument("--run-config", default=RUN_CONFIG,
@@ -263,8 +259,6 @@ def main() -> int:
     parser.add_argument("--poll", type=float, default=0.0,
                         help="the SuperExec's task poll interval, s (Flower's default 1.0)")
     args = parser.parse_args()
-    if args.client_cpus > 3 - args.nodes:
-        parser.error("--client-cpus 2 needs --nodes 1 (a node of 2 CPUs)")
     if os.environ.get(INNER):
         return inner(args)
     return outer(sys.argv[1:])
