@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from scipy.signal import lfilter
 
 from fedqhd.envs.batch import GymBatch
 from fedqhd.online import NO_TIMER, OnlineClient, Timer
@@ -235,13 +234,24 @@ def _offer(cl: OnlineClient, records: list[tuple[np.ndarray, ...]], returns: np.
 
 def returns_to_go(episode: np.ndarray, rewards: np.ndarray, gamma: float) -> np.ndarray:
     """``sum_{j >= 0} gamma^j r_{t+j}`` to the end of its episode, for every transition of
-    time-ordered ``episode`` labels (each episode's transitions in time order)."""
+    time-ordered ``episode`` labels (each episode's transitions in time order).
+
+    The recursion ``G_t = r_t + gamma G_{t+1}`` from each episode's end, every episode at
+    once (one step of all of them per pass): the same bits as filtering each reversed
+    episode with ``scipy.signal.lfilter([1], [1, -gamma])``, without importing
+    ``scipy.signal`` (0.3 s in every ClientApp process)."""
     order = np.argsort(episode, kind="stable")
     ep, r = episode[order], np.asarray(rewards, dtype=np.float64)[order]
-    cuts = np.r_[0, np.flatnonzero(np.diff(ep)) + 1, len(ep)]
+    ends = np.r_[np.flatnonzero(np.diff(ep)), len(ep) - 1]
+    to_end = np.repeat(ends, np.diff(np.r_[-1, ends])) - np.arange(len(ep))
+    by_step = np.argsort(to_end, kind="stable")  # rows 0 steps from their end, then 1, ...
+    counts = np.bincount(to_end) if len(ep) else np.zeros(0, dtype=np.int64)
     out = np.empty(len(ep))
-    for i, j in zip(cuts[:-1], cuts[1:], strict=True):
-        out[i:j] = lfilter([1.0], [1.0, -gamma], r[i:j][::-1])[::-1]
+    lo = 0
+    for k, n in enumerate(counts.tolist()):
+        rows = by_step[lo:lo + n]
+        out[rows] = r[rows] if k == 0 else r[rows] + gamma * out[rows + 1]
+        lo += n
     result = np.empty_like(out)
     result[order] = out
     return result

@@ -3,6 +3,7 @@ import pytest
 
 from fedqhd.encoders import (
     HETEROGENEOUS_DIMS,
+    EncoderParams,
     HDEncoder,
     heterogeneous_encoder_params,
     shared_encoder_params,
@@ -51,12 +52,37 @@ def test_heterogeneous_params_follow_the_paper_protocol():
     np.testing.assert_array_equal(shared.build(SCALE).omega_, shared.build(SCALE).omega_)
 
 
+# the encoder follows the estimator protocol without scikit-learn's base classes (whose
+# import every ClientApp process would pay), which check_estimator notes with a warning
+@pytest.mark.filterwarnings("ignore:Estimator HDEncoder does not inherit:UserWarning")
 def test_passes_scikit_learn_estimator_checks():
     from sklearn.utils.estimator_checks import check_estimator
 
     results = check_estimator(HDEncoder(hd_dim=50, random_state=0), on_fail=None)
     failed = [r["check_name"] for r in results if r["status"] == "failed"]
     assert len(results) > 30 and not failed, failed
+
+
+def test_works_in_a_scikit_learn_pipeline_and_clones():
+    from sklearn.base import clone
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+
+    X = np.random.default_rng(0).uniform(-1, 1, size=(200, 2))
+    y = np.sin(3 * X[:, 0]) * X[:, 1]
+    rff = make_pipeline(HDEncoder(300, 2.0, random_state=0), Ridge(1e-3)).fit(X, y)
+    linear = make_pipeline(Ridge(1e-3)).fit(X, y)
+    assert rff.score(X, y) > 0.9 > linear.score(X, y)  # nonlinear in the state
+    enc = HDEncoder(30, 0.5, scale=np.array([2.0, 3.0]), random_state=4)
+    twin = clone(enc).set_params(hd_dim=40)
+    assert twin.get_params()["hd_dim"] == 40 and enc.hd_dim == 30
+    assert not hasattr(twin, "omega_") and twin.scale is not None
+    with pytest.raises(ValueError, match="invalid parameter 'gamma'"):
+        enc.set_params(gamma=0.9)
+    # built from params (no input checks, no scikit-learn) = fitted: the same projection
+    fitted = HDEncoder(30, 0.5, scale=SCALE, random_state=4).fit(np.zeros((1, 4)))
+    np.testing.assert_array_equal(EncoderParams(30, 0.5, 4).build(SCALE).omega_,
+                                  fitted.omega_)
 
 
 def test_float32_features_round_each_feature_and_chunking_changes_nothing(monkeypatch):

@@ -35,8 +35,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import dp_accounting
-
 
 class BudgetExceededError(RuntimeError):
     """A release would take the ledger past its configured rho budget."""
@@ -46,6 +44,8 @@ def epsilon_cks(rho: float, delta: float) -> float:
     """epsilon for rho-zCDP at ``delta`` via dp-accounting's RDP accountant (CKS)."""
     if rho == 0:
         return 0.0
+    import dp_accounting
+
     acc = dp_accounting.rdp.RdpAccountant()
     acc.compose(dp_accounting.ZCDpEvent(rho))
     return float(acc.get_epsilon(delta))
@@ -55,6 +55,8 @@ def epsilon_exact(rho: float, delta: float) -> float:
     """Exact epsilon of a Gaussian mechanism with total rho (analytic Gaussian)."""
     if rho == 0:
         return 0.0
+    import dp_accounting
+
     return float(dp_accounting.get_epsilon_gaussian(1.0 / math.sqrt(2.0 * rho), delta))
 
 
