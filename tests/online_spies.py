@@ -19,11 +19,11 @@ def spy_clients(monkeypatch: pytest.MonkeyPatch) -> tuple[dict, dict, dict]:
     ``init`` and the readout and transitions its fit ended with."""
     acted, starts, fitted = defaultdict(list), defaultdict(list), defaultdict(list)
     node = {}
-    real_train, real_collect, real_fit = FQIOnline.train, fqi_online.collect, OnlineClient.fit
+    real_round, real_collect, real_fit = FQIOnline._round, fqi_online.collect, OnlineClient.fit
 
-    def train(self, context, cfg, arrays):
+    def round_(self, context, cfg, arrays, evaluate_first):  # train, evaluate_and_train
         node["pid"] = partition(context)[0]
-        return real_train(self, context, cfg, arrays)
+        return real_round(self, context, cfg, arrays, evaluate_first)
 
     def collect(client, *args, **kwargs):
         acted[node["pid"]].append(client.readout.copy())
@@ -35,7 +35,7 @@ def spy_clients(monkeypatch: pytest.MonkeyPatch) -> tuple[dict, dict, dict]:
         fitted[node["pid"]].append((self.readout.copy(), self.n_transitions))
         return out
 
-    monkeypatch.setattr(FQIOnline, "train", train)
+    monkeypatch.setattr(FQIOnline, "_round", round_)
     monkeypatch.setattr(fqi_online, "collect", collect)
     monkeypatch.setattr(OnlineClient, "fit", fit)
     return acted, starts, fitted

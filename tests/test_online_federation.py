@@ -19,6 +19,7 @@ from fedqhd.presets import REMOVED_KEYS, OnlineSettings, builtin_preset, load_pr
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.strategies import contract as C
+from fedqhd.strategies.base import FunctionSpaceStrategy
 
 #: the tasks with a built-in online preset
 TASKS = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "LunarLander-v3")
@@ -52,6 +53,39 @@ def test_online_clients_collect_every_round_and_learn(tmp_path, encoder):
     # epsilon-greedy starts near random (about 21); last 100 of 120 episodes: clearly better
     assert first < 40 and last > max(1.5 * first, 25.0)
     assert all(r[C.REPLIES_OK] == 2 and np.isfinite(r[C.RETURN_MEAN]) for r in rounds)
+
+
+@pytest.mark.parametrize("strategy", ["anchor", "independent"])
+def test_a_rounds_evaluation_rides_on_the_next_train_messages_with_the_same_numbers(
+        tmp_path, strategy, monkeypatch):
+    """Online clients evaluate round r's model when round r + 1's train message brings it
+    (evaluate_and_train): evaluate messages go out after the last round only, and every
+    round's row holds the numbers evaluate messages give, bit for bit (train metrics,
+    evaluation, counts)."""
+    sent: list[tuple[int, str]] = []
+    handle = InProcessGrid._handle
+
+    def counted(self, msg):
+        sent.append((int(msg.content[C.CONFIG][C.SERVER_ROUND]), msg.metadata.message_type))
+        return handle(self, msg)
+
+    monkeypatch.setattr(InProcessGrid, "_handle", counted)
+    keys = {"encoder": "heterogeneous", "strategy": strategy, "num-server-rounds": 4,
+            "episodes-per-round": 10, "fraction-train": 1.0}
+    deferred = _run(tmp_path / "deferred", n_clients=3, **keys)
+    with_deferral = list(sent)
+    sent.clear()
+    monkeypatch.setattr(FunctionSpaceStrategy, "_defers", lambda self, r: False)
+    messages = _run(tmp_path / "messages", n_clients=3, **keys)
+    assert [r for r, kind in with_deferral if kind == "evaluate"] == [4, 4, 4]
+    assert [r for r, kind in sent if kind == "evaluate"] == [1] * 3 + [2] * 3 + [3] * 3 + [4] * 3
+    for a, b in zip(deferred["rounds"], messages["rounds"], strict=True):
+        a.pop("wall-time-s"), b.pop("wall-time-s")
+        assert a == b and np.isfinite(a[C.RETURN_MEAN]) and a["evaluate-replies-ok"] == 3
+    assert deferred["final"]["return-mean"] == messages["final"]["return-mean"]
+    lines = (sorted((tmp_path / "deferred").glob("*/*/rounds.jsonl"))[0]
+             .read_text().splitlines())
+    assert [json.loads(x)["round"] for x in lines] == [1, 1, 2, 2, 3, 3, 4]  # amended a round later
 
 
 @pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedqhd.config import RunConfig
@@ -82,8 +82,20 @@ def train(msg: Message, context: Context) -> Message:
     """The learner's local step on the global model; reply its arrays and metrics."""
     threads = limit_client_threads()  # first message of a Ray actor: its CPUs, not the host's
     cfg = run_config(context)
-    arrays, metrics = get_learner(cfg.learner_key).train(context, cfg, _arrays(msg))
+    learner = get_learner(cfg.learner_key)
+    step: Any = learner.train
+    if _requests_evaluation(msg):  # the strategy's evaluate_with_next_train
+        step = getattr(learner, "evaluate_and_train", None)
+        if step is None:
+            raise ValueError(f"learner {cfg.learner_key!r} cannot evaluate the model a train "
+                             f"message carries (config '{C.EVALUATE_RECEIVED}')")
+    arrays, metrics = step(context, cfg, _arrays(msg))
     return _reply(msg, arrays, {**metrics, C.BLAS_THREADS: threads})
+
+
+def _requests_evaluation(msg: Message) -> bool:
+    config = msg.content.get(C.CONFIG)
+    return isinstance(config, ConfigRecord) and bool(config.get(C.EVALUATE_RECEIVED, False))
 
 
 @app.train(C.POOLED_SWEEP_ACTION)

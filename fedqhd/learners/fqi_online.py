@@ -309,6 +309,11 @@ class FQIOnline(FQI):
 
     def server_plan(self, cfg: RunConfig, **strategy_kwargs: Any) -> ServerPlan:
         baseline: FedQHDIndependent | FedQHDTruncate | None = None
+        if cfg.privacy != "zcdp":  # clients evaluate a round's model with the next round's
+            # train messages (evaluate_and_train); the last round with evaluate messages
+            last = cfg.num_server_rounds
+            strategy_kwargs["evaluate_with_next_train"] = lambda server_round: (
+                server_round < last)
         if cfg.resolved_strategy == "pooled":  # one global readout, evaluated by the server
             kwargs = {k: v for k, v in strategy_kwargs.items() if k != "min_evaluate_nodes"}
             oracle = FedQHDPooled(cfg.hd_dim, get_spec(cfg.env_id).n_actions, cfg.ridge,
@@ -339,19 +344,35 @@ class FQIOnline(FQI):
 
     def train(self, context: Context, cfg: RunConfig, arrays: Arrays
               ) -> tuple[Arrays | None, Metrics]:
+        return self._round(context, cfg, arrays, evaluate_first=False)
+
+    def evaluate_and_train(self, context: Context, cfg: RunConfig, arrays: Arrays
+                           ) -> tuple[Arrays | None, Metrics]:
+        """:meth:`evaluate` of the global model the message carries, then :meth:`train`
+        from it, in one message (the strategies' ``evaluate_with_next_train``): the reply
+        holds both, the evaluation's metrics prefixed ``evaluated-``."""
+        if cfg.privacy == "zcdp":
+            raise ValueError("a private online client evaluates with evaluate messages only")
+        return self._round(context, cfg, arrays, evaluate_first=True)
+
+    def _round(self, context: Context, cfg: RunConfig, arrays: Arrays, evaluate_first: bool
+               ) -> tuple[Arrays | None, Metrics]:
         if cfg.privacy == "zcdp":
             return private_online_train(context, cfg, arrays)
         client, cache = node_client(context, cfg)
         try:
-            return self._train(context, cfg, arrays, client, cache)
+            return self._train(context, cfg, arrays, client, cache, evaluate_first)
         except BaseException:
             forget_node(context, cfg)
             raise
 
     def _train(self, context: Context, cfg: RunConfig, arrays: Arrays, client: OnlineClient,
-               cache: dict[str, Any]) -> tuple[Arrays | None, Metrics]:
+               cache: dict[str, Any], evaluate_first: bool) -> tuple[Arrays | None, Metrics]:
         metrics: Metrics = {}
         _adopt(client, cache, arrays, cfg, metrics)
+        if evaluate_first:  # the client as an evaluate message would find it: not yet moved
+            evaluated = _evaluation(context, cfg, client, cache, metrics)
+            metrics.update({C.EVALUATED_PREFIX + k: v for k, v in evaluated.items()})
         start = client.readout.copy()
         done = len(client.episode_returns)
         k = cfg.episodes_per_round
@@ -394,15 +415,23 @@ class FQIOnline(FQI):
         if cfg.privacy == "zcdp":
             return private_evaluate(context, cfg, arrays)
         client, cache = node_client(context, cfg, buffer=False)
-        metrics: Metrics = {C.NUM_TRANSITIONS: max(client.n_transitions, 1)}
+        metrics: Metrics = {}
         # not saved: what _adopt changes here, the next train redoes from the same arrays
         # (a teacher compiled here or there, once), and evaluation draws no client RNG
         _adopt(client, cache, arrays, cfg, metrics)
-        returns = greedy_return(cfg, client.encoder, client.readout,
-                                party=partition(context)[0], dynamics=cache["dynamics"])
-        metrics[C.RETURN_MEAN] = float(returns.mean())
-        metrics[C.RETURN_STD] = float(returns.std())
-        return metrics
+        return _evaluation(context, cfg, client, cache, metrics)
+
+
+def _evaluation(context: Context, cfg: RunConfig, client: OnlineClient,
+                cache: dict[str, Any], adopted: Metrics) -> Metrics:
+    """An evaluate reply's metrics for ``client`` after :func:`_adopt` (whose metrics are
+    ``adopted``): its transitions, the projection residual, the greedy return."""
+    metrics: Metrics = {C.NUM_TRANSITIONS: max(client.n_transitions, 1), **adopted}
+    returns = greedy_return(cfg, client.encoder, client.readout,
+                            party=partition(context)[0], dynamics=cache["dynamics"])
+    metrics[C.RETURN_MEAN] = float(returns.mean())
+    metrics[C.RETURN_STD] = float(returns.std())
+    return metrics
 
 
 LEARNER = FQIOnline()

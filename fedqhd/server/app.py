@@ -155,6 +155,14 @@ def _run_rounds(grid: Grid, cfg: RunConfig, resume: Resume | None, out_dir: Path
         if flower_round == 0:
             return None
         server_round = flower_round + done
+        deferred = getattr(plan.strategy, "deferred_evaluation", None)
+        if deferred is not None and deferred[0] == server_round - 1:
+            # the clients evaluated the previous round's model with this round's messages
+            # (the strategy's evaluate_with_next_train): that round's row gets it now
+            earlier = recorder.amend_round(deferred[0], dict(deferred[1].items()))
+            log(INFO, "%s round %d/%d, evaluated with round %d's messages: %s",
+                learner.log_label, deferred[0], cfg.num_server_rounds, server_round,
+                learner.round_line(cfg, earlier), extra=CONSOLE)
         metrics = (plan.evaluate(arrays)
                    if plan.evaluate is not None and cfg.evaluates(server_round) else None)
         row: dict[str, Any] = {"round": server_round}

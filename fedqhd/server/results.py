@@ -1,7 +1,8 @@
 """Per-run results: ``<output-dir>/<date>/<time>/`` with the run config, one JSON line
-per round appended to ``rounds.jsonl`` (a crash keeps what was done), and at the end
-``results.json`` (every round and the final entry), the final model and a
-learning-curve PNG. Every file is written atomically (:mod:`fedqhd.files`)."""
+per round appended to ``rounds.jsonl`` (a crash keeps what was done; a later line of
+the same round adds to its row: an evaluation that came with the next round's
+messages), and at the end ``results.json`` (every round and the final entry), the final
+model and a learning-curve PNG. Every file is written atomically (:mod:`fedqhd.files`)."""
 
 from __future__ import annotations
 
@@ -59,12 +60,27 @@ def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
         return list(json.loads((run_dir / RESULTS).read_text())["rounds"])
     if not (run_dir / ROUNDS).is_file():
         return []
-    rows = []
+    lines = []
     for line in (run_dir / ROUNDS).read_text().splitlines():
         try:
-            rows.append(json.loads(line))
+            lines.append(json.loads(line))
         except ValueError:
             break  # the last line, cut short
+    return merge_lines(lines)
+
+
+def merge_lines(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``rounds.jsonl``'s lines: a line of a round already seen adds its
+    entries to that round's row (:meth:`RunRecorder.amend_round`)."""
+    rows: list[dict[str, Any]] = []
+    by_round: dict[Any, dict[str, Any]] = {}
+    for line in lines:
+        row = by_round.get(line.get("round"))
+        if row is None:
+            row = by_round[line.get("round")] = dict(line)
+            rows.append(row)
+        else:
+            row.update(line)
     return rows
 
 
@@ -102,6 +118,17 @@ class RunRecorder:
         row["wall-time-s"] = round(time.time() - self.started, 3)
         self.rounds.append(row)
         self.rows_bytes = append_line(self.out_dir / ROUNDS, json.dumps(row))
+
+    def amend_round(self, server_round: int, entries: dict[str, Any]) -> dict[str, Any]:
+        """Add ``entries`` to the row of ``server_round`` (recorded already), appending
+        them to ``rounds.jsonl`` as a line of that round; returns the row."""
+        row = next((r for r in reversed(self.rounds) if r["round"] == server_round), None)
+        if row is None:
+            raise KeyError(f"no row of round {server_round} to amend")
+        row.update(entries)
+        self.rows_bytes = append_line(self.out_dir / ROUNDS,
+                                      json.dumps({"round": int(server_round), **entries}))
+        return row
 
     def finish(self, arrays: dict[str, np.ndarray], extra: dict[str, Any] | None = None
                ) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import Strategy
 from fedqhd.config import RunConfig
 from fedqhd.files import fsync_dir
 from fedqhd.server.checkpoint import Checkpoint, CheckpointError, config_differences
-from fedqhd.server.results import ROUNDS
+from fedqhd.server.results import ROUNDS, merge_lines
 
 
 @dataclass
@@ -61,13 +61,12 @@ def open_resume(cfg: RunConfig) -> Resume:
 
 
 def _recorded_rows(path: Path, checkpoint: Checkpoint) -> list[dict[str, Any]]:
-    """The first ``checkpoint.rows`` rows of ``rounds.jsonl``; the file is truncated to
-    them."""
+    """The first ``checkpoint.rows`` rows of ``rounds.jsonl`` (its lines merged by round,
+    :func:`~fedqhd.server.results.merge_lines`); the file is truncated to them."""
     try:
         with open(path, "rb") as fh:
             data = fh.read(checkpoint.rows_bytes)
-        lines = data.decode().splitlines()
-        rows = [json.loads(line) for line in lines]
+        rows = merge_lines([json.loads(line) for line in data.decode().splitlines()])
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"resume-from: {path} is missing or corrupt "
                               f"({type(exc).__name__}: {exc})") from None

@@ -65,6 +65,12 @@ LAST_REPLY = "last-reply"  #: (D, |A|) server -> client, first round after a res
 
 # config keys (server -> client)
 SERVER_ROUND = "server-round"
+#: train message config, true: before training, evaluate the global model the message
+#: carries (the previous round's) as an evaluate message would, and send those metrics
+#: in the train reply, each key prefixed EVALUATED_PREFIX (FunctionSpaceStrategy's
+#: ``evaluate_with_next_train``: the round that model came from sends no evaluate messages)
+EVALUATE_RECEIVED = "evaluate-received"
+EVALUATED_PREFIX = "evaluated-"
 
 # metric keys
 NUM_TRANSITIONS = "num-transitions"  #: reply, required (or NUM_EXAMPLES): shard size, int/float > 0
