@@ -48,6 +48,7 @@ from fedqhd.envs import get_spec
 from fedqhd.envs.batch import make_batch_env
 from fedqhd.gram import (
     PrimalSystem,
+    is_symmetric,
     pack_upper,
     primal_system,
     proximal_solve,
@@ -130,7 +131,7 @@ def pack_statistics(mats: np.ndarray, narrow: bool = False) -> dict[str, np.ndar
     update) and the kernel (every write sets both halves) are; with ``narrow``, in
     float32 when that loses nothing (the dual kernel holds float32 products). Otherwise
     the full matrices (``statistics``). :func:`unpack_statistics` restores them bitwise."""
-    if not all(np.array_equal(m, m.T) for m in mats):
+    if not all(is_symmetric(m) for m in mats):
         return {"statistics": np.array(mats)}
     packed = pack_upper(mats)
     if narrow:

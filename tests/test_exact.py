@@ -12,6 +12,7 @@ from fedqhd.data import client_shard, pooled, save_shard
 from fedqhd.data.partition import shard_filename
 from fedqhd.encoders import HDEncoder, shared_encoder_params
 from fedqhd.envs import get_spec
+from fedqhd.gram import is_symmetric
 from fedqhd.learners.fqi import FQILearner
 from fedqhd.readout import (
     RidgeFQI,
@@ -148,12 +149,21 @@ def test_exact_needs_a_shared_encoder_every_client_and_the_fqi_learner():
     assert RunConfig(strategy="exact").resolved_strategy == "exact"
 
 
-def test_packed_gram_round_trips():
-    g = np.random.default_rng(0).normal(size=(2, 5, 5))
+@pytest.mark.parametrize("dim", [5, 300])  # 300: blocks of 128 on and off the diagonal
+def test_packed_gram_round_trips(dim):
+    g = np.random.default_rng(0).normal(size=(2, dim, dim))
     g = g + g.transpose(0, 2, 1)
     packed = C.pack_upper(g)
-    assert packed.shape == (2, 15)
-    np.testing.assert_array_equal(C.unpack_upper(packed, 5), g)
+    assert packed.shape == (2, dim * (dim + 1) // 2)
+    np.testing.assert_array_equal(C.unpack_upper(packed, dim), g)
+    out = np.full((2, dim, dim), np.nan, dtype=np.float32)  # into a float32 buffer
+    np.testing.assert_array_equal(C.unpack_upper(packed.astype(np.float32), dim, out=out),
+                                  g.astype(np.float32))
+    assert all(is_symmetric(m) for m in g)
+    for i, j in ((0, dim - 1), (dim - 1, 1), (dim // 2, dim // 2 + 1)):
+        skew = g[0].copy()
+        skew[i, j] = np.nextafter(skew[i, j], np.inf)  # one ulp off, in any block
+        assert not is_symmetric(skew)
 
 
 def _lying_app(alter):
