@@ -5,6 +5,7 @@ Here two "actors" are emulated in process by swapping the learner's process cach
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 
@@ -88,17 +89,30 @@ def test_a_stale_process_copy_is_never_used(tmp_path):
     fqi_online._CLIENTS.clear()
     fqi_online.LEARNER.train(context, cfg, arrays)
     first, _ = fqi_online.node_client(context, cfg)
-    stale = dict(fqi_online._CLIENTS)  # this "actor" saw round 1 only
+    # this "actor" saw round 1 only: its own copy of the client (another process's object)
+    stale = {k: (copy.deepcopy(v[0]), dict(v[1]), *v[2:])
+             for k, v in fqi_online._CLIENTS.items()}
     fqi_online.LEARNER.train(context, cfg, arrays)  # round 2 elsewhere
     current, _ = fqi_online.node_client(context, cfg)
     assert current is first  # same version: the process copy is used
     fqi_online._CLIENTS.clear()
     fqi_online._CLIENTS.update(stale)
+    old = next(iter(stale.values()))[0]
+    assert len(old.episode_returns) == 10 and old.size < current.size
     rebuilt, _ = fqi_online.node_client(context, cfg)
-    assert rebuilt is not first and len(rebuilt.episode_returns) == 2 * 10
-    np.testing.assert_array_equal(rebuilt.readout, current.readout)
-    np.testing.assert_array_equal(rebuilt.gram, current.gram)
+    # brought forward in place (nothing allocated), to the node's state bit for bit
+    assert rebuilt is old and rebuilt is not first and len(rebuilt.episode_returns) == 2 * 10
+    for name in ("readout", "gram", "states", "next_states", "features", "next_features",
+                 "rewards", "returns_to_go", "row_episode"):
+        np.testing.assert_array_equal(getattr(rebuilt, name), getattr(current, name), name)
     assert rebuilt.rng.bit_generator.state == current.rng.bit_generator.state
+    # a copy ahead of the node's state (a reply that never arrived) is not reused in place
+    fqi_online._CLIENTS[next(iter(stale))] = (current, {"dynamics": {}}, "elsewhere", True)
+    current.size += 1
+    ahead, _ = fqi_online.node_client(context, cfg)
+    current.size -= 1
+    assert ahead is not current and ahead.size == current.size
+    np.testing.assert_array_equal(ahead.features, current.features)
 
 
 def test_a_copy_a_failed_round_left_is_never_used(tmp_path, monkeypatch):

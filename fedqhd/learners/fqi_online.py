@@ -126,25 +126,35 @@ def node_client(context: Context, cfg: RunConfig, buffer: bool = True
     later evaluations at that version but never a ``buffer=True`` call. A rebuilt client
     keeps the process's anchor features and anchor-kernel factor of its node's earlier
     copy (same encoder and anchors: the same numbers, not computed again), and that
-    copy's features of every buffer row that has not changed since."""
+    copy's features of every buffer row that has not changed since: a copy with its
+    buffer, behind the node's state, is brought forward in place (nothing allocated)."""
     key = _client_key(context, cfg)
     version = state_version(context)
     cached = _CLIENTS.get(key)
     if cached is not None and cached[2] == version and (cached[3] or not buffer):
         return cached[0], cached[1]
-    client, cache = _new_client(cfg, key[1], key[2])
+    meta: dict[str, Any] = dict(context.state[STATE_META]) if version else {}  # type: ignore[arg-type]
+    earlier = cached[0] if cached is not None and cached[3] else None
+    # an earlier copy with its buffer, behind the node's state: brought forward in place
+    in_place = (buffer and earlier is not None and bool(version)
+                and earlier.size <= int(meta["size"]))
+    if in_place:
+        assert cached is not None and earlier is not None
+        client, cache = earlier, {"dynamics": cached[1]["dynamics"]}
+        del _CLIENTS[key]  # half-restored if restore fails: never served again
+    else:
+        client, cache = _new_client(cfg, key[1], key[2])
     if version:
-        meta = dict(context.state[STATE_META])  # type: ignore[arg-type]
         record = context.state[STATE_ARRAYS]
         if not isinstance(record, ArrayRecord):
             raise TypeError(f"context.state[{STATE_ARRAYS!r}] is not an ArrayRecord")
         names = list(record.keys()) if buffer else ["readout", "episode-returns"]
-        earlier = cached[0] if cached is not None and cached[3] else None
         client.restore({k: record[k].numpy() for k in names}, meta, buffer=buffer,
                        reuse=earlier)
         cache.update({k: meta[k] for k in _TEACHER_KEYS if k in meta})
     if cached is not None:
-        client.share_anchor_factor(cached[0])
+        if not in_place:
+            client.share_anchor_factor(cached[0])
         cache.update({k: cached[1][k] for k in _ANCHOR_KEYS if k in cached[1]})
     for stale in [k for k in _CLIENTS if k[0] != context.run_id or k[3] != cfg]:
         del _CLIENTS[stale]
