@@ -7,6 +7,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +25,7 @@ from fedqhd.learners.cache import BoundedCache, array_bytes
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.server.simindex import index_messages, simulation_state
-from fedqhd.server.window import WindowedGrid, for_simulation
+from fedqhd.server.window import ReplySignal, WindowedGrid, for_simulation
 
 
 class _SlowGrid:
@@ -78,13 +80,42 @@ def test_window_stops_at_the_timeout_without_pushing_the_rest():
 
 
 def test_only_flowers_simulation_grid_is_windowed():
-    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-
-    sim = InMemoryGrid.__new__(InMemoryGrid)
-    assert isinstance(for_simulation(sim, 8, index=False), WindowedGrid)
+    state, sim, _ = simulation_state(2, indexed=False)
+    store = state.store_message_res
+    windowed = for_simulation(sim, 8, index=False)
+    assert isinstance(windowed, WindowedGrid) and windowed.arrivals is not None
+    assert state.store_message_res is not store  # the engine's stores now signal
     assert for_simulation(sim, 0, index=False) is sim  # sim-window = 0: Flower's own
     plain = InProcessGrid([client_app])
     assert for_simulation(plain, 8) is plain
+
+
+def test_the_window_pulls_a_reply_when_the_engine_stores_it_not_at_its_next_poll():
+    """With the link state's ReplySignal a waiting send_and_receive wakes when a reply is
+    stored (here after 0.2 s), not after its poll interval (here 20 s)."""
+    stored: list[str] = []
+
+    class State:  # the engine's side: it stores a reply in the link state
+        def store_message_res(self, message):
+            stored.append(message)
+
+    class Inner:  # the ServerApp's side: a reply can be pulled once it was stored
+        def push_messages(self, messages):
+            return [f"id{m.n}" for m in messages]
+
+        def pull_messages(self, ids):
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i))
+                    for i in ids if i in stored]
+
+    state = State()
+    arrivals = ReplySignal().install(state)
+    grid = WindowedGrid(Inner(), window=2, pull_interval=20.0,  # type: ignore[arg-type]
+                        arrivals=arrivals)
+    threading.Timer(0.2, state.store_message_res, args=("id0",)).start()
+    t0 = time.monotonic()
+    replies = grid.send_and_receive([SimpleNamespace(n=0)], timeout=60)
+    assert [r.metadata.reply_to_message_id for r in replies] == ["id0"]
+    assert time.monotonic() - t0 < 10 and arrivals.stored == 1
 
 
 def _run(tmp_path: Path, name: str, grid_wrap=lambda g: g, learner_cache_mib: int = 1024,

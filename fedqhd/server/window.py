@@ -17,8 +17,10 @@ only delay them.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from flwr.app import Message
 from flwr.serverapp import Grid
@@ -31,17 +33,51 @@ from fedqhd.server.wrapped_grid import WrappedGrid
 SIMULATION_WINDOW = 32
 
 
+class ReplySignal:
+    """Counts the replies the simulation engine stores in the link state and wakes a
+    waiting :class:`WindowedGrid` at each: it pulls a reply when it arrives instead of
+    at its next poll (0.025 s later on average, every round)."""
+
+    def __init__(self) -> None:
+        self.stored = 0  #: replies stored so far
+        self._cond = threading.Condition()
+
+    def install(self, state: Any) -> ReplySignal:
+        """Wrap ``state.store_message_res`` (the one the engine's thread calls) to signal;
+        returns self."""
+        store = state.store_message_res
+
+        def store_message_res(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return store(*args, **kwargs)
+            finally:
+                with self._cond:
+                    self.stored += 1
+                    self._cond.notify_all()
+
+        state.store_message_res = store_message_res
+        return self
+
+    def wait(self, seen: int, timeout: float) -> None:
+        """Until more than ``seen`` replies were stored, at most ``timeout`` seconds."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.stored != seen, timeout)
+
+
 class WindowedGrid(WrappedGrid):
     """A Grid that keeps at most ``window`` of a ``send_and_receive`` call's messages
-    pushed and unanswered; everything else is the wrapped grid's."""
+    pushed and unanswered; everything else is the wrapped grid's. With ``arrivals``
+    (the link state's :class:`ReplySignal`) it pulls as soon as a reply is stored, else
+    every ``pull_interval`` seconds."""
 
     def __init__(self, grid: Grid, window: int = SIMULATION_WINDOW,
-                 pull_interval: float = 0.05) -> None:
+                 pull_interval: float = 0.05, arrivals: ReplySignal | None = None) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         super().__init__(grid)
         self.window = int(window)
         self.pull_interval = float(pull_interval)
+        self.arrivals = arrivals
         self.max_in_flight = 0  #: the most messages pushed and unanswered at once (tests)
 
     def send_and_receive(self, messages: Iterable[Message], *,
@@ -67,11 +103,17 @@ class WindowedGrid(WrappedGrid):
                 order.update((i, base + k) for k, i in enumerate(ids))
                 in_flight.update(ids)
                 self.max_in_flight = max(self.max_in_flight, len(in_flight))
+            seen = self.arrivals.stored if self.arrivals is not None else 0
             got = list(self.grid.pull_messages(in_flight)) if in_flight else []
             replies.extend(got)
             in_flight.difference_update(m.metadata.reply_to_message_id for m in got)
             if not got and in_flight:
-                time.sleep(self.pull_interval)
+                wait = self.pull_interval if end is None else max(
+                    0.0, min(self.pull_interval, end - time.monotonic()))
+                if self.arrivals is not None:
+                    self.arrivals.wait(seen, wait)  # a reply stored since: at once
+                else:
+                    time.sleep(wait)
         replies.sort(key=lambda m: order.get(m.metadata.reply_to_message_id, len(order)))
         return replies
 
@@ -87,4 +129,6 @@ def for_simulation(grid: Grid, window: int = SIMULATION_WINDOW, index: bool = Tr
         return grid
     if index:
         index_messages(grid.state)
-    return WindowedGrid(grid, window) if window > 0 else grid
+    if window <= 0:
+        return grid
+    return WindowedGrid(grid, window, arrivals=ReplySignal().install(grid.state))
