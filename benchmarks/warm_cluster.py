@@ -4,7 +4,9 @@ shut-down.
 
     python benchmarks/warm_cluster.py --nodes 2 --runs 3 --out /tmp/warm
 
-The cluster is the one of docs/deployment.md ("Simulation on an existing Ray cluster"):
+The cluster is the one of docs/deployment.md ("Simulation on an existing Ray cluster",
+with its settings for online runs on a warm cluster: a 1 GB object store per node, the
+SuperExec polling for runs every 0.1 s, the app submitted without a venv inside it):
 ``--nodes 2`` a head (127.0.0.2) and a worker (127.0.0.3), 1 CPU each; ``--nodes 1`` the
 head alone with 2 CPUs. Ray listens on all interfaces, so everything runs in a private
 network namespace (``unshare --user --map-root-user --net``) whose only interface is
@@ -120,12 +122,27 @@ def healthy() -> bool:
         return False
 
 
+def app_copy(into: Path) -> Path:
+    """The app's tracked files copied into ``into``: what ``flwr run`` submits, without
+    the virtual environment inside the checkout (Flower 1.42's ``flwr run`` walks every
+    file under the app folder before it filters them: 32,000 files of a venv cost 1.3 s
+    a run; docs/deployment.md, "Simulation on an existing Ray cluster")."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=PROJECT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    app = into / PROJECT.name
+    for name in filter(None, files):
+        if (PROJECT / name).is_file():
+            (app / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(PROJECT / name, app / name)
+    return app
+
+
 def one_run(i: int, env: dict[str, str], out: Path, args: argparse.Namespace,
-            roots: list[int]) -> dict:
+            roots: list[int], app: Path) -> dict:
     """Run ``i``; ``roots``: the cluster's and the SuperLink's processes, whose trees'
     CPU seconds during the run are split by process name."""
     run_out = out / f"run-{i}"
-    cmd = [str(BIN / "flwr"), "run", str(PROJECT), "ray-cluster", "--stream",
+    cmd = [str(BIN / "flwr"), "run", str(app), "ray-cluster", "--stream",
            "--federation-config",
            f"num-supernodes={args.supernodes} client-resources-num-cpus=1", "--run-config",
            f"{args.run_config} verbose=true output-dir='{run_out}'"]
@@ -133,7 +150,7 @@ def one_run(i: int, env: dict[str, str], out: Path, args: argparse.Namespace,
     t0 = time.perf_counter()
     with PeakMemory(series=True) as mem:
         mem.pids = roots
-        proc = subprocess.Popen(cmd, cwd=PROJECT, env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, cwd=app, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         lines = timed_lines(proc, t0, timeout=args.timeout)
     wall = time.perf_counter() - t0
@@ -224,8 +241,10 @@ def inner(args: argparse.Namespace) -> int:
         print(f"cluster ({args.nodes} node(s)) up in {report['cluster-up-s']} s, SuperLink "
               f"in {report['superlink-up-s']} s", flush=True)
         roots = [p.pid for p in started]
+        app = app_copy(tmp / "app")
+        report["app"] = str(app)
         for i in range(1, args.runs + 1):
-            row = one_run(i, env, out, args, roots)
+            row = one_run(i, env, out, args, roots, app)
             report["runs"].append(row)
             print(json.dumps(row), flush=True)
     finally:
@@ -253,11 +272,12 @@ def main() -> int:
     parser.add_argument("--run-config", default=RUN_CONFIG,
                         help="the runs' --run-config (default: online heterogeneous CartPole)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take")
-    parser.add_argument("--object-store-mib", type=int, default=96,
-                        help="each node's Ray object store (docs/deployment.md: 96 MiB; the "
-                             "online run's states spill to disk below about 500)")
-    parser.add_argument("--poll", type=float, default=0.0,
-                        help="the SuperExec's task poll interval, s (Flower's default 1.0)")
+    parser.add_argument("--object-store-mib", type=int, default=1024,
+                        help="each node's Ray object store (docs/deployment.md: 1 GB for "
+                             "online runs, whose states spill to disk below about 500 MiB)")
+    parser.add_argument("--poll", type=float, default=0.1,
+                        help="the SuperExec's task poll interval, s (docs/deployment.md: "
+                             "0.1 on a warm cluster; 0: Flower's default, 1.0)")
     args = parser.parse_args()
     if os.environ.get(INNER):
         return inner(args)
