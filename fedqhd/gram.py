@@ -123,9 +123,10 @@ def primal_system(gram: np.ndarray, ridge: float, mu: float) -> PrimalSystem:
         from scipy.linalg import cho_factor
     except ImportError:  # the light install
         return float(mu), c, _numpy_solver(np.asarray(gram).T, c)  # its upper = G's lower
-    g = np.array(gram, dtype=np.float64)
+    g = np.array(gram, dtype=np.float64, order="F")  # LAPACK's order: factored in place
     g[np.diag_indices_from(g)] += c
-    return float(mu), c, CholeskySolver(factor=cho_factor(g, lower=True, check_finite=False))
+    return float(mu), c, CholeskySolver(factor=cho_factor(g, lower=True, overwrite_a=True,
+                                                          check_finite=False))
 
 
 def proximal_solve(system: PrimalSystem, rhs: np.ndarray, prior: np.ndarray) -> np.ndarray:

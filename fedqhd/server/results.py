@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import platform
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -84,6 +85,22 @@ def merge_lines(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _import_plotting() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+
+
+def preload_plotting() -> threading.Thread:
+    """Import matplotlib in a background thread while the rounds run: the ServerApp
+    mostly waits for its clients then, and :meth:`RunRecorder.plot` at the run's end
+    no longer pays the import (0.3 s of a warm-cluster run's tear-down)."""
+    thread = threading.Thread(target=_import_plotting, name="fedqhd-plotting", daemon=True)
+    thread.start()
+    return thread
+
+
 class RunRecorder:
     """Collects one row per round and writes the run's files.
 
@@ -104,6 +121,7 @@ class RunRecorder:
         # a resumed run's wall time goes on from its last round (time stopped not counted)
         self.started = time.time() - (self.rounds[-1].get("wall-time-s", 0.0)
                                       if self.rounds else 0.0)
+        preload_plotting()
         if rows is not None:
             return
         info = {"config": cfg.record(), "seed": cfg.seed, "fedqhd-version": __version__,
