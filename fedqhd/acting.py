@@ -70,6 +70,7 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
     groups: dict[int, list[int]] = defaultdict(list)
     for c, cl in enumerate(clients):
         groups[id(cl.encoder)].append(c)
+    readouts = [cl.readout.astype(np.float32) for cl in clients]  # fixed while they act
     while any(s["active"].any() for s in st):
         with timer("act"):
             actions: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * n_cl
@@ -83,7 +84,7 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
                 for c in live:
                     s, cl = st[c], clients[c]
                     b = s["b"]
-                    q = feats[off:off + b] @ cl.readout.astype(np.float32)
+                    q = feats[off:off + b] @ readouts[c]
                     bonus = cl.exploration_bonus(feats[off:off + b]) if append else None
                     if bonus is not None:
                         q += bonus
