@@ -55,9 +55,10 @@ def test_online_clients_collect_every_round_and_learn(tmp_path, encoder):
     assert all(r[C.REPLIES_OK] == 2 and np.isfinite(r[C.RETURN_MEAN]) for r in rounds)
 
 
-@pytest.mark.parametrize("strategy", ["anchor", "independent"])
+@pytest.mark.parametrize(("strategy", "every"), [("anchor", 1), ("independent", 1),
+                                                 ("anchor", 2)])
 def test_a_rounds_evaluation_rides_on_the_next_train_messages_with_the_same_numbers(
-        tmp_path, strategy, monkeypatch):
+        tmp_path, strategy, every, monkeypatch):
     """Online clients evaluate round r's model when round r + 1's train message brings it
     (evaluate_and_train): evaluate messages go out after the last round only, and every
     round's row holds the numbers evaluate messages give, bit for bit (train metrics,
@@ -71,21 +72,26 @@ def test_a_rounds_evaluation_rides_on_the_next_train_messages_with_the_same_numb
 
     monkeypatch.setattr(InProcessGrid, "_handle", counted)
     keys = {"encoder": "heterogeneous", "strategy": strategy, "num-server-rounds": 4,
-            "episodes-per-round": 10, "fraction-train": 1.0}
+            "episodes-per-round": 10, "fraction-train": 1.0, "eval-every": every}
     deferred = _run(tmp_path / "deferred", n_clients=3, **keys)
     with_deferral = list(sent)
     sent.clear()
     monkeypatch.setattr(FunctionSpaceStrategy, "_defers", lambda self, r: False)
     messages = _run(tmp_path / "messages", n_clients=3, **keys)
+    evaluated = [r for r in range(1, 5) if r % every == 0 or r == 4]
     assert [r for r, kind in with_deferral if kind == "evaluate"] == [4, 4, 4]
-    assert [r for r, kind in sent if kind == "evaluate"] == [1] * 3 + [2] * 3 + [3] * 3 + [4] * 3
+    assert [r for r, kind in sent if kind == "evaluate"] == [r for r in evaluated
+                                                              for _ in range(3)]
     for a, b in zip(deferred["rounds"], messages["rounds"], strict=True):
         a.pop("wall-time-s"), b.pop("wall-time-s")
-        assert a == b and np.isfinite(a[C.RETURN_MEAN]) and a["evaluate-replies-ok"] == 3
+        assert a == b
+        assert (C.RETURN_MEAN in a) == (a["round"] in evaluated)
+        assert a.get("evaluate-replies-ok", 3) == 3 and np.isfinite(a.get(C.RETURN_MEAN, 0.0))
     assert deferred["final"]["return-mean"] == messages["final"]["return-mean"]
     lines = (sorted((tmp_path / "deferred").glob("*/*/rounds.jsonl"))[0]
              .read_text().splitlines())
-    assert [json.loads(x)["round"] for x in lines] == [1, 1, 2, 2, 3, 3, 4]  # amended a round later
+    amended = [r for r in evaluated if r < 4]  # each a line again, after the next round's
+    assert [json.loads(x)["round"] for x in lines] == sorted([1, 2, 3, 4, *amended])
 
 
 @pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])
