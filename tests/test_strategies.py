@@ -255,6 +255,43 @@ def test_an_evaluation_round_with_every_reply_rejected_still_reports_its_counts(
             metrics[f"evaluate-{C.REPLIES_FAILED}"]) == (0, 1, 1)
 
 
+def test_an_evaluation_carried_by_train_replies_is_split_off_and_screened_as_evaluation():
+    """evaluate_with_next_train, for a plug-in app: round 2's train replies carry round
+    1's evaluation (``evaluated-`` metrics). Train aggregates without them; the
+    evaluation is aggregated as evaluate replies would be, bad ones counted, never
+    raised on: a reply without it, an error, a metrics record of the wrong type."""
+    strategy = FedQHDAvg(fraction_evaluate=1.0, evaluate_with_next_train=lambda r: r < 3)
+    readout = np.ones((3, 2))
+    replies = [_reply(1, {C.READOUT: readout}, {C.NUM_TRANSITIONS: 10, "loss": 1.0,
+                                                 "evaluated-num-examples": 20,
+                                                 "evaluated-accuracy": 0.5}),
+               _reply(2, {C.READOUT: 3 * readout}, {C.NUM_TRANSITIONS: 30, "loss": 3.0,
+                                                     "evaluated-num-examples": 60,
+                                                     "evaluated-accuracy": 0.9}),
+               _reply(3, {C.READOUT: readout}, {C.NUM_TRANSITIONS: 10}),  # no evaluation
+               _reply(4, error="crashed")]
+    odd = _reply(5, {C.READOUT: readout})
+    odd.content[C.METRICS] = ConfigRecord({"evaluated-accuracy": "high"})  # not metrics
+    strategy._sampled["train"] = 5
+    arrays, train = strategy.aggregate_train(2, [*replies, odd])
+    assert arrays is not None and "loss" in train and "evaluated-accuracy" not in train
+    assert train[C.REPLIES_OK] == 3 and train[C.REPLIES_FAILED] == 1
+    assert strategy.deferred_evaluation is not None
+    evaluated_round, evaluation = strategy.deferred_evaluation
+    assert evaluated_round == 1 and "loss" not in evaluation
+    assert evaluation["accuracy"] == pytest.approx((20 * 0.5 + 60 * 0.9) / 80)
+    assert (evaluation[f"evaluate-{C.REPLIES_OK}"], evaluation[f"evaluate-{C.REPLIES_FAILED}"],
+            evaluation[f"evaluate-{C.REPLIES_REJECTED}"]) == (2, 1, 2)
+    # round 3's replies carry round 2's evaluation (here none: counted as rejected)
+    strategy._sampled["train"] = 1
+    _, train3 = strategy.aggregate_train(3, [_reply(1, {C.READOUT: readout},
+                                                    {C.NUM_TRANSITIONS: 10})])
+    assert train3[C.REPLIES_OK] == 1
+    assert strategy.deferred_evaluation is not None
+    assert strategy.deferred_evaluation[0] == 2
+    assert strategy.deferred_evaluation[1][f"evaluate-{C.REPLIES_REJECTED}"] == 1
+
+
 def test_an_error_reply_is_logged_with_the_partition_its_node_sent_before(caplog):
     caplog.set_level(logging.INFO, logger="flwr")  # another test may leave it at WARNING
     s = FedQHDAvg(aggregate="latest", readout_shape=(2, 1))

@@ -294,11 +294,11 @@ class FunctionSpaceStrategy(FedAvg):
         (into :attr:`deferred_evaluation`); the replies come back without those metrics."""
         train, evaluation = [], []
         for msg in replies:
-            if msg.has_error() or C.METRICS not in msg.content:
+            metrics = None if msg.has_error() else msg.content.get(C.METRICS)
+            if not isinstance(metrics, MetricRecord):
                 train.append(msg)
                 evaluation.append(msg)  # counted as evaluate replies are: failed, refused
                 continue
-            metrics = msg.content[C.METRICS]
             n = len(C.EVALUATED_PREFIX)
             own = MetricRecord({k: v for k, v in metrics.items()  # type: ignore[misc]
                                 if not k.startswith(C.EVALUATED_PREFIX)})
