@@ -25,7 +25,7 @@ from fedqhd.learners.cache import BoundedCache, array_bytes
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
 from fedqhd.server.simindex import index_messages, simulation_state
-from fedqhd.server.window import ReplySignal, WindowedGrid, for_simulation
+from fedqhd.server.window import ReplySignal, WindowedGrid, for_deployment, for_simulation
 
 
 class _SlowGrid:
@@ -116,6 +116,36 @@ def test_the_window_pulls_a_reply_when_the_engine_stores_it_not_at_its_next_poll
     replies = grid.send_and_receive([SimpleNamespace(n=0)], timeout=60)
     assert [r.metadata.reply_to_message_id for r in replies] == ["id0"]
     assert time.monotonic() - t0 < 10 and arrivals.stored == 1
+
+
+def test_a_deployed_serverapp_pulls_replies_promptly_and_backs_off_while_none_come():
+    """Flower 1.42's deployed grid (HttpGrid) pulls every 3 s; for_deployment wraps it to
+    pull 0.05 s after pushing, 1.5x longer after each empty pull, at most 1 s apart:
+    a reply arriving after 1.2 s is picked up within about a second, in ~10 pulls, not
+    20 of a fixed 0.05 s poll."""
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    class Deployed(HttpGrid):
+        def __init__(self) -> None:  # no SuperLink: replies "arrive" after 1.2 s
+            self.t0 = 0.0
+
+        def push_messages(self, messages):
+            self.t0 = time.monotonic()
+            return [f"id{m.n}" for m in messages]
+
+        def pull_messages(self, ids):
+            late = time.monotonic() - self.t0 >= 1.2
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i))
+                    for i in ids] if late else []
+
+    inner = Deployed()
+    grid = for_deployment(inner)
+    assert isinstance(grid, WindowedGrid) and for_deployment(InProcessGrid([client_app])) \
+        is not grid
+    t0 = time.monotonic()
+    replies = grid.send_and_receive([SimpleNamespace(n=i) for i in range(3)], timeout=30)
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["id0", "id1", "id2"]
+    assert 1.2 <= time.monotonic() - t0 < 2.5 and grid.pulls <= 12
 
 
 def _run(tmp_path: Path, name: str, grid_wrap=lambda g: g, learner_cache_mib: int = 1024,

@@ -25,7 +25,7 @@ from fedqhd.server.failures import RoundFailed, RunFailed, fail_fast, quiet_repo
 from fedqhd.server.preflight import preflight
 from fedqhd.server.results import RunRecorder, new_run_dir
 from fedqhd.server.resume import Resume, RoundOffset, open_resume
-from fedqhd.server.window import for_simulation
+from fedqhd.server.window import for_deployment, for_simulation
 from fedqhd.strategies import contract as C
 
 app = ServerApp()
@@ -50,7 +50,7 @@ def main(grid: Grid, context: Context) -> None:
         try:
             # Flower's simulation polls every stored message per node: keep few stored at
             # once, and let a node's poll look at its own messages only
-            final, out_dir = run_federation(for_simulation(grid), cfg)
+            final, out_dir = run_federation(for_deployment(for_simulation(grid)), cfg)
         except (CheckpointError, ConfigError) as exc:
             log(ERROR, "fedqhd: %s, the run stops: %s", "cannot resume" if isinstance(
                 exc, CheckpointError) else "invalid run config", exc)
