@@ -58,7 +58,7 @@ def test_online_clients_collect_every_round_and_learn(tmp_path, encoder):
 @pytest.mark.parametrize(("strategy", "every"), [("anchor", 1), ("independent", 1),
                                                  ("anchor", 2)])
 def test_a_rounds_evaluation_rides_on_the_next_train_messages_with_the_same_numbers(
-        tmp_path, strategy, every, monkeypatch):
+        tmp_path, strategy, every, monkeypatch, caplog):
     """Online clients evaluate round r's model when round r + 1's train message brings it
     (evaluate_and_train): evaluate messages go out after the last round only, and every
     round's row holds the numbers evaluate messages give, bit for bit (train metrics,
@@ -73,7 +73,10 @@ def test_a_rounds_evaluation_rides_on_the_next_train_messages_with_the_same_numb
     monkeypatch.setattr(InProcessGrid, "_handle", counted)
     keys = {"encoder": "heterogeneous", "strategy": strategy, "num-server-rounds": 4,
             "episodes-per-round": 10, "fraction-train": 1.0, "eval-every": every}
-    deferred = _run(tmp_path / "deferred", n_clients=3, **keys)
+    with caplog.at_level("INFO"):
+        deferred = _run(tmp_path / "deferred", n_clients=3, **keys)
+    console = [r.getMessage() for r in caplog.records
+               if r.getMessage().startswith("fedqhd round")]
     with_deferral = list(sent)
     sent.clear()
     monkeypatch.setattr(FunctionSpaceStrategy, "_defers", lambda self, r: False)
@@ -91,6 +94,13 @@ def test_a_rounds_evaluation_rides_on_the_next_train_messages_with_the_same_numb
     lines = (sorted((tmp_path / "deferred").glob("*/*/rounds.jsonl"))[0]
              .read_text().splitlines())
     amended = [r for r in evaluated if r < 4]  # each a line again, after the next round's
+    # the console: a round's own line says "return -" until its evaluation comes
+    first = deferred["rounds"][evaluated[0] - 1]
+    assert any(x.startswith(f"fedqhd round {evaluated[0]}/4: ") and "return - |" in x
+               for x in console)
+    assert any(x.startswith(f"fedqhd round {evaluated[0]}/4, evaluated with round "
+                            f"{evaluated[0] + 1}'s messages") and
+               f"return {first[C.RETURN_MEAN]:.1f} +- " in x for x in console)
     assert [json.loads(x)["round"] for x in lines] == sorted([1, 2, 3, 4, *amended])
 
 

@@ -652,9 +652,11 @@ class FQI:
         gap = (f" | consensus gap {row[C.CONSENSUS_GAP]:.3g}" if C.CONSENSUS_GAP in row else "")
         residual = (f" | bellman residual {row[C.BELLMAN_RESIDUAL]:.3g}"
                     if C.BELLMAN_RESIDUAL in row else "")
-        return (f"return {row.get(C.RETURN_MEAN, float('nan')):.1f} +- "
-                f"{row.get(C.RETURN_STD, float('nan')):.1f}{residual}{gap} | "
-                f"{reply_counts_text(row)}")
+        # a round not evaluated (eval-every), or evaluated with the next round's messages
+        # (its own line follows then): "return -"
+        greedy = (f"return {row[C.RETURN_MEAN]:.1f} +- {row.get(C.RETURN_STD, float('nan')):.1f}"
+                  if C.RETURN_MEAN in row else "return -")
+        return f"{greedy}{residual}{gap} | {reply_counts_text(row)}"
 
     def final_report(self, cfg: RunConfig, plan: ServerPlan, rows: list[dict[str, Any]]
                      ) -> dict[str, Any] | None:
