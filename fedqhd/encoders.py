@@ -203,6 +203,7 @@ class HDEncoder:
         proj *= amp
         return proj
 
+
 def _random_state(seed: int | np.random.RandomState | None) -> np.random.RandomState:
     """scikit-learn's ``check_random_state``: None, an int or a RandomState."""
     if seed is None:

@@ -428,8 +428,8 @@ class OnlineClient:
                              f"rows, the snapshot {n}")
         # its filled slots (the rest was never encoded), if its features are ours to take
         k = 0 if reuse is None or reuse.features.shape[1] != self.dim else min(reuse.size, n)
-        old = (None, None) if reuse is None or not k else (reuse.states[:k],
-                                                           reuse.next_states[:k])
+        old = ((reuse.states[:k], reuse.next_states[:k]) if reuse is not None and k
+               else (None, None))
         todo = _changed_rows(old[0], arrays["states"][:n])
         todo_next = _changed_rows(old[1], arrays["next-states"][:n])
         if reuse is not None and reuse is not self and k:
@@ -624,9 +624,9 @@ class OnlineClient:
 def _changed_rows(old: np.ndarray | None, new: np.ndarray) -> np.ndarray:
     """Indices of the rows of ``new`` that are not bitwise the row of ``old`` at the same
     slot (all of them past ``old``'s length; ``old`` None: every row)."""
-    if old is None or min(len(old), len(new)) == 0:
+    m = 0 if old is None else min(len(old), len(new))
+    if old is None or m == 0:
         return np.arange(len(new))
-    m = min(len(old), len(new))
     same = np.all(old[:m].view(np.uint32) == new[:m].view(np.uint32), axis=1)
     return np.concatenate([np.flatnonzero(~same), np.arange(m, len(new))])
 

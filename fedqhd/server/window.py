@@ -10,9 +10,10 @@ scan, not the clients, sets the round time. Keeping at most ``window`` messages
 stored (pushing the next one as each reply is pulled) makes a poll O(N x window)
 while the actors stay busy.
 
-Only the simulation's :class:`~flwr.superlink.grid.inmemory_grid.InMemoryGrid` is
-wrapped: in a deployment the SuperNodes pull their own messages and a window would
-only delay them.
+The simulation's :class:`~flwr.superlink.grid.inmemory_grid.InMemoryGrid` is windowed
+(:func:`for_simulation`); a deployed ServerApp's grid is not (its SuperNodes pull their
+own messages, a window would only delay them), but it is made to pull replies promptly
+(:func:`for_deployment`).
 """
 
 from __future__ import annotations
@@ -125,7 +126,6 @@ class WindowedGrid(WrappedGrid):
                     time.sleep(wait)
         replies.sort(key=lambda m: order.get(m.metadata.reply_to_message_id, len(order)))
         return replies
-
 
 
 def for_deployment(grid: Grid) -> Grid:

@@ -293,13 +293,13 @@ class FunctionSpaceStrategy(FedAvg):
         metrics): the evaluation is screened and aggregated as evaluate replies would be
         (into :attr:`deferred_evaluation`); the replies come back without those metrics."""
         train, evaluation = [], []
+        n = len(C.EVALUATED_PREFIX)
         for msg in replies:
             metrics = None if msg.has_error() else msg.content.get(C.METRICS)
             if not isinstance(metrics, MetricRecord):
                 train.append(msg)
                 evaluation.append(msg)  # counted as evaluate replies are: failed, refused
                 continue
-            n = len(C.EVALUATED_PREFIX)
             own = MetricRecord({k: v for k, v in metrics.items()  # type: ignore[misc]
                                 if not k.startswith(C.EVALUATED_PREFIX)})
             evaluated = MetricRecord({k[n:]: v for k, v in metrics.items()  # type: ignore[misc]
