@@ -22,10 +22,13 @@ return of the final policy, the episode at which the last-100 return first reach
 100 and 200 (LunarLander: landings), the value bias of the start states (Q of the
 episodes' start states minus the discounted return they realised, mean of the last
 rounds: a learner's over- or under-estimation) and the CPU seconds, and appends it as
-JSON to ``--out``.
+JSON to ``--out``. ``--against paper.json`` (a ``fedqhd bench --suite paper`` run of the
+task's preset on the same seeds) then prints the change paired by seed: each seed's
+return minus the preset's, mean and standard error, which removes the seeds' own spread
+(on LunarLander about 10 between seeds, against a paired SE of 1-5 on four seeds).
 
     OMP_NUM_THREADS=1 python benchmarks/factor_cell.py --env LunarLander-v3 \
-        --setting shared --seeds 42,43,44 --preset my-preset.toml
+        --setting shared --seeds 100-103 --preset my-preset.toml --against OUT/td/paper.json
 """
 
 from __future__ import annotations
@@ -182,6 +185,21 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
             "cpu-s": round(cell["cpu-s"], 1), **extra}
 
 
+def paired_difference(rows: list[dict[str, Any]],
+                      cells: list[dict[str, Any]]) -> dict[str, float]:
+    """Each row's last-100 return minus the FedQHD cell of the same task, setting and seed
+    in ``cells`` (a paper suite's), over the seeds both have: their number, the mean
+    difference and its standard error (nan for one seed)."""
+    base = {(c["env-id"], c["setting"], c["seed"]): c["train-return-last100"]
+            for c in cells if c["method"] == "fedqhd"}
+    diffs = np.array([r["train-return-last100"] - base[key] for r in rows
+                      if (key := (r["env"], r["setting"], r["seed"])) in base])
+    if not diffs.size:
+        raise ValueError("none of these seeds is in the baseline's cells")
+    se = float(diffs.std(ddof=1) / np.sqrt(diffs.size)) if diffs.size > 1 else float("nan")
+    return {"seeds": int(diffs.size), "difference": float(diffs.mean()), "se": se}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--env", default="LunarLander-v3")
@@ -193,13 +211,22 @@ def main() -> None:
     p.add_argument("--diagnose", action="store_true",
                    help="clients' greedy agreement, and with each aggregate, per round")
     p.add_argument("--out", type=Path, default=Path("factor-cells.jsonl"))
+    p.add_argument("--against", type=Path,
+                   help="a paper suite's paper.json on the same seeds: print the paired change")
     args = p.parse_args()
+    cells = json.loads(args.against.read_text())["cells"] if args.against else None
+    rows = []
     for seed in paper.parse_seeds(args.seeds):
         row = run(args.env, args.setting, seed, args.preset, args.weighting,
                   args.truncation_terminates, args.diagnose)
         print(json.dumps(row), flush=True)
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        rows.append(row)
+    if cells is not None:
+        d = paired_difference(rows, cells)
+        print(f"paired with {args.against}: {d['seeds']} seeds, difference "
+              f"{d['difference']:+.1f} (SE {d['se']:.1f})")
 
 
 if __name__ == "__main__":
