@@ -24,8 +24,9 @@ episodes' start states minus the discounted return they realised, mean of the la
 rounds: a learner's over- or under-estimation) and the CPU seconds, and appends it as
 JSON to ``--out``. ``--against paper.json`` (a ``fedqhd bench --suite paper`` run of the
 task's preset on the same seeds) then prints the change paired by seed: each seed's
-return minus the preset's, mean and standard error, which removes the seeds' own spread
-(on LunarLander about 10 between seeds, against a paired SE of 1-5 on four seeds).
+return minus the preset's, mean and standard error, which removes the spread the seeds
+share (Acrobot: a paired SE of about 1 on ten seeds; LunarLander's runs part ways more: 5-7
+on four).
 
     OMP_NUM_THREADS=1 python benchmarks/factor_cell.py --env LunarLander-v3 \
         --setting shared --seeds 100-103 --preset my-preset.toml --against OUT/td/paper.json
