@@ -83,6 +83,17 @@ def atomic_save(path: Path, writer: Callable[[IO[bytes]], Any]) -> None:
     atomic_write(path, buffer.getvalue())
 
 
+def pyplot() -> Any:
+    """matplotlib's ``pyplot`` on the Agg backend (image files, no display), imported on
+    first use: every plot of fedqhd's takes it from here."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def atomic_figure(fig: Any, path: Path, **savefig: Any) -> Path:
     """Save a matplotlib figure atomically (format from the suffix): a full disk leaves the
     old image or none, never a torn one."""

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from fedqhd.envs.inventory import BEHAVIOURS, DEMANDS, MODELS
-from fedqhd.files import atomic_figure, atomic_write
+from fedqhd.files import atomic_figure, atomic_write, pyplot
 from fedqhd.pool.api import ZONINGS
 from fedqhd.pool.baselines import METHODS
 from fedqhd.studies.pool_experiments import Setting, grid_study, rho_study, run_grid, sweep_study
@@ -87,10 +87,7 @@ def _tag(a: argparse.Namespace) -> str:
 
 def _write(a: argparse.Namespace, name: str, rows: list[dict], x_of, xlabel: str,
            log_x: bool = False) -> int:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import numpy as np
 
 from fedqhd import __version__
 from fedqhd.config import RunConfig
-from fedqhd.files import append_line, atomic_figure, atomic_save, atomic_write
+from fedqhd.files import append_line, atomic_figure, atomic_save, atomic_write, pyplot
 from fedqhd.learners.base import RETURN_CURVES, Curves
 
 ROUNDS = "rounds.jsonl"    #: one JSON object per round, appended as rounds end
@@ -85,20 +85,11 @@ def merge_lines(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _import_plotting() -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot  # noqa: F401
-
-
-def preload_plotting() -> threading.Thread:
+def preload_plotting() -> None:
     """Import matplotlib in a background thread while the rounds run: the ServerApp
     mostly waits for its clients then, and :meth:`RunRecorder.plot` at the run's end
     no longer pays the import (0.3 s of a warm-cluster run's tear-down)."""
-    thread = threading.Thread(target=_import_plotting, name="fedqhd-plotting", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=pyplot, name="fedqhd-plotting", daemon=True).start()
 
 
 class RunRecorder:
@@ -193,10 +184,7 @@ class RunRecorder:
         its metrics per round (with their band) on the left, the first diagnostic present
         (Bellman or projection residual) and, for ADMM clients, the consensus gap on the
         right; integer round ticks; no empty panel."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
         from matplotlib.ticker import MaxNLocator
 
         curves = self.curves

@@ -64,7 +64,7 @@ from fedqhd.config import RunConfig
 from fedqhd.data import client_shard
 from fedqhd.encoders import EncoderParams, HDEncoder, heterogeneous_encoder_params
 from fedqhd.envs import get_spec
-from fedqhd.files import atomic_write
+from fedqhd.files import atomic_write, pyplot
 from fedqhd.learners.fqi import FQILearner, encoder_scale, local_ridge
 from fedqhd.seeding import anchor_seed, held_out_seed
 
@@ -425,10 +425,7 @@ def _num(x: float | None) -> str:
 def plot(summary: dict[str, Any], path: Path) -> None:
     """Gap vs D (log-log, m = 4D, with a D^-0.5 guide) and gap vs m (log-log, the
     sweep's D marked); seeds as dots, geometric means as lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     s, st, rows = summary["summary"], summary["settings"], summary["rows"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))

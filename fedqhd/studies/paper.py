@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from fedqhd.files import atomic_figure, atomic_write
+from fedqhd.files import atomic_figure, atomic_write, pyplot
 
 ENVS: tuple[str, ...] = ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "MountainCar-v0")
 SETTINGS: tuple[str, ...] = ("shared", "heterogeneous")
@@ -471,10 +471,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
 def plot_curves(summary: dict[str, Any], out: Path) -> list[Path]:
     """One PNG per task: last-100 training return against episodes, per method and setting
     (mean over seeds, band: min to max)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     written = []
     for env_id in sorted({c["env-id"] for c in summary["cells"]}):
