@@ -10,6 +10,11 @@ run`` executes) for FedQHD on one task, setting and seed, with
   mean) instead of by their transitions;
 - ``--truncation-terminates``: a time-limit truncation treated as termination (no
   bootstrap; the authors' code's default), for ``update = "td"`` clients;
+- ``--frozen N``: what acting while learning does to the return (shared encoder). For
+  each round of the last 100 episodes, the greedy return (N episodes, the server's
+  evaluation seeds, every policy on the same ones) of each client's reply, frozen as its
+  round's episodes left it, and of the aggregate of those replies, beside the training
+  return the clients earned while they learned;
 - ``--diagnose``: what aggregation does to the clients' policies. Every round's train
   replies and the aggregate the next round sends are kept; on probe states (shared: the
   states 5 greedy episodes of the final global readout visit; heterogeneous: the anchors)
@@ -96,6 +101,31 @@ def _agreement(q: list[np.ndarray]) -> tuple[float, list[float]]:
     return float(np.mean(pairs)), [float(np.mean(g == greedy[0])) for g in greedy[1:]]
 
 
+def frozen_returns(cfg_keys: dict[str, Any], rounds: list[dict[str, Any]], episodes: int,
+                   last: int) -> dict[str, Any]:
+    """Greedy returns of the last ``last`` rounds' replies (each client's readout, frozen)
+    and of the aggregate each round's replies gave (the next round's ``sent``), each over
+    the same ``episodes`` evaluation episodes (see the module docstring)."""
+    from fedqhd.learners import fqi, parse_run_config
+    from fedqhd.strategies import contract as C
+
+    cfg = parse_run_config(cfg_keys).replace(eval_episodes=episodes)
+    if cfg.encoder != "shared":
+        raise ValueError("--frozen evaluates readouts: the shared encoder only")
+    encoder = fqi.client_encoder(cfg, 0)
+
+    def mean_return(readout: np.ndarray) -> float:
+        return float(fqi.greedy_return(cfg, encoder, readout).mean())
+
+    replies, aggregates = [], []
+    for r in range(max(0, len(rounds) - 1 - last), len(rounds) - 1):
+        aggregates.append(mean_return(rounds[r + 1]["sent"][C.READOUT]))
+        replies += [mean_return(a[C.READOUT]) for a in rounds[r]["replies"]]
+    return {"rounds": len(aggregates), "episodes": episodes,
+            "replies": round(float(np.mean(replies)), 1),
+            "aggregates": round(float(np.mean(aggregates)), 1)}
+
+
 def diagnose(env_id: str, setting: str, cfg_keys: dict[str, Any],
              rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Per round: clients' pairwise greedy agreement and their agreement with the next
@@ -142,7 +172,8 @@ def diagnose(env_id: str, setting: str, cfg_keys: dict[str, Any],
 
 
 def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str | None,
-        truncation_terminates: bool, diagnose_policies: bool = False) -> dict[str, Any]:
+        truncation_terminates: bool, diagnose_policies: bool = False,
+        frozen_episodes: int = 0) -> dict[str, Any]:
     """One cell with the factors given; returns what it printed."""
     base = paper.app_run_config
 
@@ -154,9 +185,9 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
             keys["weighting"] = weighting
         return keys
 
-    patches = [mock.patch.object(paper, "app_run_config", run_config)]
+    patches: list[Any] = [mock.patch.object(paper, "app_run_config", run_config)]
     rounds: list[dict[str, Any]] = []
-    if diagnose_policies:
+    if diagnose_policies or frozen_episodes:
         from fedqhd.server.inprocess import InProcessGrid
         patches.append(mock.patch.object(InProcessGrid, "send_and_receive", _capture(rounds)))
     if truncation_terminates:
@@ -174,8 +205,17 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
         return next((e for e, v in cell["curve"] if v >= level), None)
 
     late_bias = [b for _, b in cell["value-bias"]][-5:]
-    extra = {"policies": diagnose(env_id, setting, run_config("fedqhd", env_id, setting, seed),
-                                  rounds)} if diagnose_policies else {}
+    keys = run_config("fedqhd", env_id, setting, seed)
+    extra: dict[str, Any] = {}
+    if frozen_episodes:
+        from fedqhd.learners import parse_run_config
+
+        # the rounds of the last 100 episodes (the training return's)
+        last = -(-100 // parse_run_config(keys).episodes_per_round)
+        extra["frozen"] = {"train-return-last100": round(cell["train-return-last100"], 1),
+                           **frozen_returns(keys, rounds, frozen_episodes, last)}
+    if diagnose_policies:
+        extra["policies"] = diagnose(env_id, setting, keys, rounds)
     return {"env": env_id, "setting": setting, "seed": seed, "preset": preset,
             "weighting": weighting or "transitions",
             "truncation-terminates": truncation_terminates,
@@ -209,17 +249,22 @@ def main() -> None:
     p.add_argument("--preset", help="a preset file instead of the task's")
     p.add_argument("--weighting", choices=("uniform", "transitions"))
     p.add_argument("--truncation-terminates", action="store_true")
+    p.add_argument("--frozen", type=int, default=0, metavar="N",
+                   help="greedy returns (N episodes) of the last 100 episodes' replies and "
+                        "aggregates, frozen (shared encoder)")
     p.add_argument("--diagnose", action="store_true",
                    help="clients' greedy agreement, and with each aggregate, per round")
     p.add_argument("--out", type=Path, default=Path("factor-cells.jsonl"))
     p.add_argument("--against", type=Path,
                    help="a paper suite's paper.json on the same seeds: print the paired change")
     args = p.parse_args()
+    if args.frozen < 0 or (args.frozen and args.setting != "shared"):
+        p.error("--frozen takes a positive number of episodes, with --setting shared")
     cells = json.loads(args.against.read_text())["cells"] if args.against else None
     rows = []
     for seed in paper.parse_seeds(args.seeds):
         row = run(args.env, args.setting, seed, args.preset, args.weighting,
-                  args.truncation_terminates, args.diagnose)
+                  args.truncation_terminates, args.diagnose, args.frozen)
         print(json.dumps(row), flush=True)
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")

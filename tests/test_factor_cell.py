@@ -35,3 +35,37 @@ def test_one_seed_has_no_standard_error_and_no_common_seed_is_refused():
     assert math.isnan(paired_difference([_row(1, -80.0)], [_cell(1, -81.0)])["se"])
     with pytest.raises(ValueError, match="none of these seeds"):
         paired_difference([_row(5, -80.0)], [_cell(1, -81.0)])
+
+
+def test_frozen_returns_score_each_rounds_replies_and_the_aggregate_they_gave(monkeypatch):
+    # a readout filled with v "returns" v; round r sends the aggregate of round r - 1's
+    # replies, so round r's replies pair with round r + 1's sent readout
+    import numpy as np
+
+    from benchmarks.factor_cell import frozen_returns
+    from fedqhd.learners import fqi
+    from fedqhd.strategies import contract as C
+    from fedqhd.studies import paper
+
+    seen = []
+
+    def greedy_return(cfg, encoder, readout, *args, **kwargs):
+        seen.append(cfg.eval_episodes)
+        return np.array([float(readout[0, 0])])
+
+    monkeypatch.setattr(fqi, "greedy_return", greedy_return)
+
+    def readout(v: float) -> dict:
+        return {C.READOUT: np.full((2, 2), v)}
+
+    rounds = [{"sent": readout(1000.0 + r), "replies": [readout(10.0 * r + c) for c in range(3)]}
+              for r in range(5)]
+    keys = paper.app_run_config("fedqhd", "CartPole-v1", "shared", 0)
+    got = frozen_returns(keys, rounds, episodes=7, last=2)
+    # rounds 2 and 3 (the last two with an aggregate after them): replies 20-22 and 30-32,
+    # aggregates 1003 and 1004; the last round's replies have no aggregate and are left out
+    assert got == {"rounds": 2, "episodes": 7, "replies": 26.0, "aggregates": 1003.5}
+    assert set(seen) == {7}
+    with pytest.raises(ValueError, match="shared encoder only"):
+        frozen_returns(paper.app_run_config("fedqhd", "CartPole-v1", "heterogeneous", 0),
+                       rounds, episodes=7, last=2)
