@@ -138,7 +138,7 @@ def app_run_config(method: str, env_id: str, setting: str, seed: int, episodes: 
     """The run config of a cell: the method's keys, the task's online settings
     (``preset = auto``), the paper's plain weighted means (no client lies in a study:
     ``weight-cap-factor`` and ``clip-factor`` 0; the defaults' clipping touches a few
-    honest replies on MountainCar, within the runs' noise, BENCHMARKS.md "Adaptive
+    honest replies on MountainCar and Acrobot, within the runs' noise, BENCHMARKS.md "Adaptive
     attackers") and one greedy evaluation, after the last round (the training return is
     the paper's metric)."""
     return {"protocol": "online", "env-id": env_id, "encoder": setting, "seed": seed,
