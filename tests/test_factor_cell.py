@@ -3,9 +3,13 @@
 
 import math
 
+import numpy as np
 import pytest
 
-from benchmarks.factor_cell import paired_difference
+from benchmarks.factor_cell import frozen_returns, paired_difference
+from fedqhd.learners import fqi
+from fedqhd.strategies import contract as C
+from fedqhd.studies import paper
 
 
 def _cell(seed: int, value: float, setting: str = "shared", method: str = "fedqhd") -> dict:
@@ -40,13 +44,6 @@ def test_one_seed_has_no_standard_error_and_no_common_seed_is_refused():
 def test_frozen_returns_score_each_rounds_replies_and_the_aggregate_they_gave(monkeypatch):
     # a readout filled with v "returns" v; round r sends the aggregate of round r - 1's
     # replies, so round r's replies pair with round r + 1's sent readout
-    import numpy as np
-
-    from benchmarks.factor_cell import frozen_returns
-    from fedqhd.learners import fqi
-    from fedqhd.strategies import contract as C
-    from fedqhd.studies import paper
-
     seen = []
 
     def greedy_return(cfg, encoder, readout, *args, **kwargs):
