@@ -21,7 +21,7 @@ from threadpoolctl import threadpool_limits
 #: each test process's BLAS threads: its share of the cores. Left alone, every xdist worker
 #: starts one BLAS thread per core and they preempt each other (-m "not heavy" on 2 cores
 #: with -n 2: 5.3 min, against 3.6 with a thread a worker). Kept alive for the whole session;
-#: subprocesses (``flwr run``, Ray) set their own (:mod:`fedqhd.threads`).
+#: it binds this process only: subprocesses (``flwr run``, Ray actors) keep their own pools.
 _BLAS_LIMIT = threadpool_limits(
     limits=max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))),
     user_api="blas")
