@@ -57,3 +57,26 @@ def test_paper_suite_refuses_unknown_names_and_fedavg_dqn_heterogeneous():
         main(["bench", "--suite", "paper", "--methods", "fedqhd,magic"])
     with pytest.raises(ValueError, match="shared setting"):
         paper.run_cell("fedavg-dqn", "CartPole-v1", "heterogeneous", 0)
+
+
+def test_bench_refuses_bad_counts_and_seeds_in_one_line_naming_the_flag(capsys):
+    import pytest
+
+    from fedqhd.commands.main import main
+
+    for args, flag, why in ((["--clients", "-1"], "--clients", "must be >= 1, got -1"),
+                            (["--rounds", "0"], "--rounds", "must be >= 1, got 0"),
+                            (["--suite", "paper", "--episodes", "0"], "--episodes", ">= 1"),
+                            (["--suite", "federation-gap", "--seeds", "x"], "--seeds",
+                             "'x' is not a seed"),
+                            (["--seeds", "3-1"], "--seeds", "A <= B"),
+                            (["--suite", "paper", "--jobs", "0"], "--jobs", ">= 1"),
+                            (["--speed", "--dim", "two"], "--dim", "expected an integer")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["bench", *args])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"argument {flag}: " in err and why in err, err
+    from fedqhd.commands.bench import _seeds
+
+    assert _seeds("0-2,7") == [0, 1, 2, 7]  # every suite takes ranges

@@ -84,6 +84,17 @@ def test_preflight_refuses_an_empty_data_dir_before_round_1(tmp_path: Path) -> N
     assert not (tmp_path / "out").exists()
 
 
+def test_preflight_refuses_fewer_in_process_nodes_than_min_nodes(tmp_path: Path) -> None:
+    # all of an in-process federation's nodes exist from the start: waiting
+    # node-wait-timeout for more would only end in a failure, so it is refused at once
+    cfg = _cfg(tmp_path).replace(min_nodes=3, node_wait_timeout=2.0)
+    grid = CountingGrid([client_app] * 2, run_config=cfg.to_run_config())
+    with pytest.raises(ConfigError, match=r"'min-nodes' = 3, but this in-process federation "
+                                          r"has 2 node\(s\).*at most 2"):
+        run_federation(grid, cfg)
+    assert grid.sent == 0 and not (tmp_path / "out").exists()
+
+
 def test_preflight_names_missing_partitions_and_a_shard_of_another_env(tmp_path: Path) -> None:
     from fedqhd.data import client_shard, save_shard
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,29 @@ def _print_table(summary: dict[str, Any]) -> None:
           f"actions agree on {100 * m['avg-greedy-agreement']:.1f} %")
 
 
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer ``>= minimum`` (argparse's one-line error otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _seeds(text: str) -> list[int]:
+    """An argparse type: seeds and ranges, ``"0,1,2"`` or ``"42-61"``."""
+    from fedqhd.studies.paper import parse_seeds
+
+    try:
+        return parse_seeds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="federated vs pooled vs lone FQI (in process)")
     p.add_argument("--env", default="CartPole-v1",
@@ -44,10 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--env-module", default="",
                    help="module(s) to import first, comma-separated: importing registers your "
                    "environments (passed on as run-config key env-module)")
-    p.add_argument("--clients", type=int, help="clients (default 10; --suite paper: 5)")
-    p.add_argument("--seeds", help="comma-separated (default 0,1,2; --suite paper: 42,43,44; "
-                   "--suite paper also takes ranges: 42-61)")
-    p.add_argument("--rounds", type=int, help="rounds (default 30; --suite scale: 5)")
+    p.add_argument("--clients", type=_at_least(1),
+                   help="clients (default 10; --suite paper: 5)")
+    p.add_argument("--seeds", type=_seeds, help="comma-separated, ranges too: 42-61 (default "
+                   "0,1,2; --suite paper: 42,43,44)")
+    p.add_argument("--rounds", type=_at_least(1), help="rounds (default 30; --suite scale: 5)")
     p.add_argument("--out", type=Path,
                    help="output folder (default outputs/bench; --suite paper: outputs/paper)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -57,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="run only this federated strategy (no pooled or lone baselines)")
     p.add_argument("--speed", action="store_true",
                    help="instead: seconds per FQI sweep, factored once vs re-solved")
-    p.add_argument("--dim", type=int, default=2000, help="D for --speed")
+    p.add_argument("--dim", type=_at_least(1), default=2000, help="D for --speed")
     suite = p.add_argument_group("the paper's table (--suite paper): online protocol, "
                                  "5 clients x 600 episodes, seeds 42,43,44 unless given")
     suite.add_argument("--suite", choices=["paper", "scale", "federation-gap"],
@@ -71,11 +96,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     suite.add_argument("--settings", help="shared,heterogeneous (default: both)")
     suite.add_argument("--methods", help="comma-separated (default: "
                        "fedqhd,independent,truncate,fedavg-dqn,distill-dqn,pooled)")
-    suite.add_argument("--episodes", type=int, default=600, help="episodes per client")
+    suite.add_argument("--episodes", type=_at_least(1), default=600, help="episodes per client")
     suite.add_argument("--resume", action="store_true",
                        help="--out holds a stopped suite's paper.json: keep its cells and run "
                        "only the missing ones")
-    suite.add_argument("--jobs", type=int, default=1,
+    suite.add_argument("--jobs", type=_at_least(1), default=1,
                        help="cells run at once, each in its own process with one BLAS thread "
                        "(the numbers of OMP_NUM_THREADS=1 runs; default 1)")
     suite.add_argument("--overwrite", action="store_true",
@@ -90,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     scale = p.add_argument_group("--suite scale (default --clients 10 --rounds 5)")
     scale.add_argument("--no-flwr", action="store_true",
                        help="skip the flwr run (Ray) measurement")
-    scale.add_argument("--transitions", type=int, default=20_000,
+    scale.add_argument("--transitions", type=_at_least(1), default=20_000,
                        help="transitions of the streamed fit (at --dim)")
     scale.add_argument("--app", type=Path, default=Path("."),
                        help="the Flower app folder flwr run builds (default: .)")
@@ -134,12 +159,7 @@ def _paper_suite(args: argparse.Namespace) -> int:
         bad = [v for v in values if v not in valid]
         if bad:
             raise SystemExit(f"{name}: unknown {bad}; valid: {', '.join(valid)}")
-    try:
-        seeds = paper.parse_seeds(args.seeds) if args.seeds else list(paper.SEEDS)
-    except ValueError as exc:
-        raise SystemExit(f"--seeds: {exc}") from None
-    if args.jobs < 1:
-        raise SystemExit(f"--jobs: must be >= 1, got {args.jobs}")
+    seeds = args.seeds or list(paper.SEEDS)
     clients = args.clients or 5
     out = args.out or Path("outputs/paper")
     try:
@@ -173,7 +193,9 @@ def _scale_suite(args: argparse.Namespace) -> int:
                          "run from the fedqhd checkout or pass --no-flwr")
     overrides = {"env-id": args.env,
                  **{k.replace("_", "-"): v for k, v in parse_overrides(args.set).items()}}
-    seed = int(args.seeds.split(",")[0]) if args.seeds else 0
+    seed = args.seeds[0] if args.seeds else 0
+    if args.clients is not None and args.clients < 2:
+        raise SystemExit("--clients: the scale suite needs >= 2 (a federation's round)")
     summary = scale.run_suite(args.clients or 10, args.rounds or 5, out,
                               flwr=not args.no_flwr, app_dir=args.app.resolve(),
                               run_config=overrides, transitions=args.transitions,
@@ -194,7 +216,7 @@ def _gap_suite(args: argparse.Namespace) -> int:
     overrides = {**parse_overrides(args.set), "env_id": args.env}
     settings = replace(settings, run_config=overrides)
     if args.seeds:
-        settings = replace(settings, seeds=tuple(int(s) for s in args.seeds.split(",")))
+        settings = replace(settings, seeds=tuple(args.seeds))
     if args.clients:
         if args.clients < 2:
             raise SystemExit("--clients: the federation-gap suite needs >= 2 (a teacher and "
@@ -229,14 +251,13 @@ def _main(args: argparse.Namespace) -> int:
         return _gap_suite(args)
     args.rounds = args.rounds or 30
     args.clients = args.clients or 10
-    args.seeds = args.seeds or "0,1,2"
+    seeds = args.seeds or [0, 1, 2]
     args.out = args.out or Path("outputs/bench")
     if args.speed:
         result = fqi_speed(args.env, args.clients, args.dim, sweeps=10)
         print(json.dumps(result, indent=2))
         return 0
     overrides = parse_overrides(args.set)
-    seeds = [int(s) for s in args.seeds.split(",")]
     if args.only:
         summary = run_federated_only(args.env, args.clients, seeds, args.rounds, args.out,
                                      overrides, args.only)

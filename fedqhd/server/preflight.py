@@ -23,6 +23,16 @@ from fedqhd.config import ConfigError, RunConfig
 from fedqhd.data.partition import shard_filename
 
 
+def _unwrapped(grid: Grid) -> Grid:
+    """The grid under fedqhd's wrappers (fail-fast, windowed)."""
+    from fedqhd.server.failures import FailFastGrid
+    from fedqhd.server.window import WindowedGrid
+
+    while isinstance(grid, FailFastGrid | WindowedGrid):
+        grid = grid.grid
+    return grid
+
+
 def simulated_partitions(grid: Grid, wait: float = 30.0) -> int | None:
     """The number of partitions of a simulation whose nodes read the run-config
     ``data-dir`` (``None`` for a deployment, where nodes read their own).
@@ -31,12 +41,9 @@ def simulated_partitions(grid: Grid, wait: float = 30.0) -> int | None:
     count is non-zero and steady (at most ``wait`` seconds)."""
     from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-    from fedqhd.server.failures import FailFastGrid
     from fedqhd.server.inprocess import InProcessGrid
-    from fedqhd.server.window import WindowedGrid
 
-    while isinstance(grid, FailFastGrid | WindowedGrid):
-        grid = grid.grid
+    grid = _unwrapped(grid)
     if isinstance(grid, InProcessGrid):
         own = [c for c in grid.contexts.values() if c.node_config.get("data-dir")]
         return None if own else len(grid.contexts)
@@ -86,9 +93,27 @@ def check_shards(data_dir: str, num_partitions: int, env_id: str) -> None:
                               f"'env-id' = {env_id!r}")
 
 
+def check_node_count(grid: Grid, cfg: RunConfig) -> None:
+    """Refuse an in-process federation (all its nodes exist from the start) with fewer
+    nodes than ``min-nodes``: its server would wait ``node-wait-timeout`` for nodes that
+    never come, then fail."""
+    from fedqhd.server.inprocess import InProcessGrid
+
+    grid = _unwrapped(grid)
+    if isinstance(grid, InProcessGrid) and len(grid.contexts) < cfg.min_nodes:
+        n = len(grid.contexts)
+        raise ConfigError(f"run-config key 'min-nodes' = {cfg.min_nodes}, but this in-process "
+                          f"federation has {n} node(s): the server would wait "
+                          f"'node-wait-timeout' ({cfg.node_wait_timeout:g} s) for nodes that "
+                          f"never come; set min-nodes to at most {n} (fedqhd bench: --set "
+                          f"min-nodes={n})")
+
+
 def preflight(grid: Grid, cfg: RunConfig) -> None:
-    """Everything that can be checked before round 1 (today: an offline fqi run's
-    ``data-dir`` in a simulation)."""
+    """Everything that can be checked before round 1: an in-process federation's node
+    count against ``min-nodes``, and an offline fqi run's ``data-dir`` in a
+    simulation."""
+    check_node_count(grid, cfg)
     if not cfg.data_dir or cfg.protocol != "offline" or cfg.learner != "fqi":
         return
     partitions = simulated_partitions(grid, wait=min(30.0, cfg.node_wait_timeout))
