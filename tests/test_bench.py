@@ -77,6 +77,6 @@ def test_bench_refuses_bad_counts_and_seeds_in_one_line_naming_the_flag(capsys):
         assert exit_info.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert f"argument {flag}: " in err and why in err, err
-    from fedqhd.commands.bench import _seeds
+    from fedqhd.commands.args import seed_list
 
-    assert _seeds("0-2,7") == [0, 1, 2, 7]  # every suite takes ranges
+    assert seed_list("0-2,7") == [0, 1, 2, 7]  # every suite takes ranges

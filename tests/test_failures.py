@@ -217,6 +217,24 @@ def test_fedqhd_commands_exit_2_on_a_config_error_and_1_on_a_failed_run(
                            "same error: ShardError:") and "Traceback" not in err
 
 
+def test_fedqhd_commands_say_a_refused_file_or_an_interrupt_in_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import fedqhd.commands.bench as bench_command
+
+    for exc, code, line in ((FileExistsError(17, "File exists", "out.json"), 1,
+                             "fedqhd bench: error: [Errno 17] File exists: 'out.json'"),
+                            (KeyboardInterrupt(), 130, "fedqhd bench: interrupted")):
+        def run(args: object, exc: BaseException = exc) -> int:
+            raise exc
+        monkeypatch.setattr(bench_command, "_main", run)
+        assert fedqhd_main(["bench"]) == code
+        err = capsys.readouterr().err
+        assert err.strip() == line and "Traceback" not in err
+    monkeypatch.setattr(bench_command, "_main", lambda args: 1 / 0)  # a bug keeps its traceback
+    with pytest.raises(ZeroDivisionError):
+        fedqhd_main(["bench"])
+
+
 def test_fedqhd_check_names_a_misspelled_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert fedqhd_main(["check", str(ROOT), "--run-config", "num-server-round=3"]) == 2
     err = capsys.readouterr().err.strip()

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedqhd.commands.args import at_least, seed_list
 from fedqhd.studies.bench import fqi_speed, run_bench, run_federated_only
 
 
@@ -38,29 +38,6 @@ def _print_table(summary: dict[str, Any]) -> None:
           f"actions agree on {100 * m['avg-greedy-agreement']:.1f} %")
 
 
-def _at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer ``>= minimum`` (argparse's one-line error otherwise)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-    return parse
-
-
-def _seeds(text: str) -> list[int]:
-    """An argparse type: seeds and ranges, ``"0,1,2"`` or ``"42-61"``."""
-    from fedqhd.studies.paper import parse_seeds
-
-    try:
-        return parse_seeds(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="federated vs pooled vs lone FQI (in process)")
     p.add_argument("--env", default="CartPole-v1",
@@ -68,11 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--env-module", default="",
                    help="module(s) to import first, comma-separated: importing registers your "
                    "environments (passed on as run-config key env-module)")
-    p.add_argument("--clients", type=_at_least(1),
+    p.add_argument("--clients", type=at_least(1),
                    help="clients (default 10; --suite paper: 5)")
-    p.add_argument("--seeds", type=_seeds, help="comma-separated, ranges too: 42-61 (default "
+    p.add_argument("--seeds", type=seed_list, help="comma-separated, ranges too: 42-61 (default "
                    "0,1,2; --suite paper: 42,43,44)")
-    p.add_argument("--rounds", type=_at_least(1), help="rounds (default 30; --suite scale: 5)")
+    p.add_argument("--rounds", type=at_least(1), help="rounds (default 30; --suite scale: 5)")
     p.add_argument("--out", type=Path,
                    help="output folder (default outputs/bench; --suite paper: outputs/paper)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -82,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="run only this federated strategy (no pooled or lone baselines)")
     p.add_argument("--speed", action="store_true",
                    help="instead: seconds per FQI sweep, factored once vs re-solved")
-    p.add_argument("--dim", type=_at_least(1), default=2000, help="D for --speed")
+    p.add_argument("--dim", type=at_least(1), default=2000, help="D for --speed")
     suite = p.add_argument_group("the paper's table (--suite paper): online protocol, "
                                  "5 clients x 600 episodes, seeds 42,43,44 unless given")
     suite.add_argument("--suite", choices=["paper", "scale", "federation-gap"],
@@ -96,11 +73,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     suite.add_argument("--settings", help="shared,heterogeneous (default: both)")
     suite.add_argument("--methods", help="comma-separated (default: "
                        "fedqhd,independent,truncate,fedavg-dqn,distill-dqn,pooled)")
-    suite.add_argument("--episodes", type=_at_least(1), default=600, help="episodes per client")
+    suite.add_argument("--episodes", type=at_least(1), default=600, help="episodes per client")
     suite.add_argument("--resume", action="store_true",
                        help="--out holds a stopped suite's paper.json: keep its cells and run "
                        "only the missing ones")
-    suite.add_argument("--jobs", type=_at_least(1), default=1,
+    suite.add_argument("--jobs", type=at_least(1), default=1,
                        help="cells run at once, each in its own process with one BLAS thread "
                        "(the numbers of OMP_NUM_THREADS=1 runs; default 1)")
     suite.add_argument("--overwrite", action="store_true",
@@ -115,7 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     scale = p.add_argument_group("--suite scale (default --clients 10 --rounds 5)")
     scale.add_argument("--no-flwr", action="store_true",
                        help="skip the flwr run (Ray) measurement")
-    scale.add_argument("--transitions", type=_at_least(1), default=20_000,
+    scale.add_argument("--transitions", type=at_least(1), default=20_000,
                        help="transitions of the streamed fit (at --dim)")
     scale.add_argument("--app", type=Path, default=Path("."),
                        help="the Flower app folder flwr run builds (default: .)")

@@ -5,8 +5,9 @@ adding a parser whose ``func`` default takes the parsed arguments and returns an
 exit code. Modules are imported lazily so ``fedqhd --help`` stays fast.
 
 A sub-command that raises a config error (:class:`fedqhd.config.ConfigError`) exits
-with code 2, a failed run (:class:`fedqhd.server.failures.RunFailed`) with code 1; each
-prints one line, not a traceback.
+with code 2, a failed run (:class:`fedqhd.server.failures.RunFailed`) or a file the
+system refused (``OSError``) with code 1, an interrupt (Ctrl-C) with 130; each prints
+one line, not a traceback.
 """
 
 from __future__ import annotations
@@ -66,29 +67,38 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"fedqhd {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except Exception as exc:
-        code = failure_code(exc)
-        if code is None:
+        known = failure(exc)
+        if known is None:
             raise
-        print(f"fedqhd {args.command}: {'error' if code == 2 else 'failed'}: {exc}",
-              file=sys.stderr)
+        code, word = known
+        print(f"fedqhd {args.command}: {word}: {exc}", file=sys.stderr)
         return code
 
 
-#: exit codes of the failures a sub-command reports in one line
-CONFIG_ERROR, RUN_FAILED = 2, 1
+#: exit codes of the failures a sub-command reports in one line (an interrupt: the
+#: shell's 128 + SIGINT)
+CONFIG_ERROR, RUN_FAILED, FILE_ERROR, INTERRUPTED = 2, 1, 1, 130
 
 
-def failure_code(exc: BaseException) -> int | None:
-    """2 for a config error, 1 for a failed run, ``None`` for anything else (a bug: its
-    traceback stays). Imported here, lazily: both modules need the full install."""
+def failure(exc: BaseException) -> tuple[int, str] | None:
+    """The exit code and word of a failure reported in one line: a config error (2,
+    "error"), a failed run (1, "failed"), a file the system refused (``OSError``: a path
+    that exists, is missing, is a folder, is not writable; 1, "error"); ``None`` for
+    anything else (a bug: its traceback stays). Imported here, lazily: both modules need
+    the full install."""
     from fedqhd.config import ConfigError
     from fedqhd.server.failures import RunFailed
 
     if isinstance(exc, ConfigError):
-        return CONFIG_ERROR
+        return CONFIG_ERROR, "error"
     if isinstance(exc, RunFailed):
-        return RUN_FAILED
+        return RUN_FAILED, "failed"
+    if isinstance(exc, OSError):
+        return FILE_ERROR, "error"
     return None
 
 

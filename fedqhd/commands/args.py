@@ -1,0 +1,96 @@
+"""Argument types and checks every ``fedqhd`` sub-command shares: a bad value is refused
+by argparse in one line naming the flag (exit 2) before anything runs, and an output
+path that cannot be written is refused before a long computation, not after it."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer ``>= minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def number_in(low: float | None = None, high: float | None = None, *,
+              low_open: bool = False, high_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite float in ``[low, high]`` (an end ``None``: unbounded;
+    ``low_open`` / ``high_open``: that end excluded)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        too_low = low is not None and (value <= low if low_open else value < low)
+        too_high = high is not None and (value >= high if high_open else value > high)
+        if not value == value or too_low or too_high or value in (float("inf"), -float("inf")):
+            left = "(" if low_open else "["
+            right = ")" if high_open else "]"
+            span = (f"{left}{'-inf' if low is None else f'{low:g}'}, "
+                    f"{'inf' if high is None else f'{high:g}'}{right}")
+            raise argparse.ArgumentTypeError(f"must be in {span}, got {text}")
+        return value
+    return parse
+
+
+def list_of(item: Callable[[str], object]) -> Callable[[str], list]:
+    """An argparse type: a non-empty comma-separated list, each part parsed by ``item``."""
+    def parse(text: str) -> list:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+        return [item(p) for p in parts]
+    return parse
+
+
+def seed_list(text: str) -> list[int]:
+    """An argparse type: seeds and ranges, ``"0,1,2"`` or ``"42-61"``."""
+    from fedqhd.studies.paper import parse_seeds
+
+    try:
+        return parse_seeds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def writable_file(flag: str, path: Path) -> Path:
+    """Refuse, before any work, an output file ``path`` that could not be written: an
+    empty name, a folder, or a parent that is a file. A missing parent folder is fine
+    (writers create it). Raises :class:`~fedqhd.config.ConfigError` naming ``flag``."""
+    from fedqhd.config import ConfigError
+
+    if not str(path).strip() or path.name in ("", ".", ".."):
+        raise ConfigError(f"{flag} {str(path)!r}: not a file name")
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a folder; give a file name")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder")
+            break
+    return path
+
+
+def writable_folder(flag: str, path: Path) -> Path:
+    """Refuse, before any work, an output folder ``path`` that is a file (or under one)
+    or has an empty name. Raises :class:`~fedqhd.config.ConfigError` naming ``flag``."""
+    from fedqhd.config import ConfigError
+
+    if not str(path).strip():
+        raise ConfigError(f"{flag} {str(path)!r}: not a folder name")
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise ConfigError(f"{flag} {path}: {candidate} is a file, not a folder")
+            break
+    return path
