@@ -11,29 +11,67 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from fedqhd.commands.args import at_least, list_of, number_in, writable_file, writable_folder
 from fedqhd.envs.inventory import BEHAVIOURS, DEMANDS, MODELS
 from fedqhd.files import atomic_figure, atomic_write, pyplot
 from fedqhd.pool.api import ZONINGS
 from fedqhd.pool.baselines import METHODS
 from fedqhd.studies.pool_experiments import Setting, grid_study, rho_study, run_grid, sweep_study
 
+# What each study parameter must be for the method to mean anything (argparse types: a bad
+# value is refused in one line naming the flag, exit 2, before the study runs).
+_POSITIVE_INT = at_least(1)  #: reps, w, H, M, n, next-state cells: counts and sizes
+_BOUNDARY = number_in(0.0, 1.0, low_open=True)  #: lam: a non-empty region of [0, 1]
+_RHO = number_in(0.0, low_open=True)  #: zCDP rho: rho = 0 would need infinite noise
 
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x]
+
+def _wd(text: str) -> int:
+    """w + d: one order quantity per product, so ``2w`` (an even integer >= 2)."""
+    value = at_least(2)(text)
+    if value % 2:
+        raise argparse.ArgumentTypeError(f"must be even (w + d = 2w), got {value}")
+    return value
+
+
+def _method(text: str) -> str:
+    """One of the compared methods (:data:`~fedqhd.pool.baselines.METHODS`)."""
+    if text not in METHODS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(METHODS)}, got {text!r}")
+    return text
+
+
+def _threshold(text: str) -> str | float:
+    """auto, erho, or k >= 0 noise sigmas: a negative threshold would make every zone,
+    even an empty one, known."""
+    if text in ("auto", "erho"):
+        return text
+    try:
+        return number_in(0.0)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected auto, erho or a number of noise sigmas >= 0, got {text!r}") from None
+
+
+#: the values ``sweep --values`` takes, per ``--param``: those of the flag each one sweeps
+SWEEP_VALUES: dict[str, Callable[[str], Any]] = {
+    "H": _POSITIVE_INT, "lam": _BOUNDARY, "wd": _wd, "M": _POSITIVE_INT}
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="outputs/pool", help="output directory")
-    p.add_argument("--reps", type=int, default=10, help="repetitions (paper: 10)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--w", type=int, default=2, help="products; w+d = 2w")
-    p.add_argument("--H", type=int, default=7)
-    p.add_argument("--M", type=int, default=50, help="zones")
-    p.add_argument("--lam", type=float, default=1.0, help="observable boundary per coordinate")
-    p.add_argument("--rho", type=float, default=1.0)
-    p.add_argument("--n", type=int, default=5000, help="offline trajectories")
+    p.add_argument("--reps", type=_POSITIVE_INT, default=10, help="repetitions (paper: 10)")
+    p.add_argument("--seed", type=at_least(0), default=0)
+    p.add_argument("--w", type=_POSITIVE_INT, default=2, help="products; w+d = 2w")
+    p.add_argument("--H", type=_POSITIVE_INT, default=7, help="horizon (stages)")
+    p.add_argument("--M", type=_POSITIVE_INT, default=50, help="zones")
+    p.add_argument("--lam", type=_BOUNDARY, default=1.0,
+                   help="observable boundary per coordinate, in (0, 1]")
+    p.add_argument("--rho", type=_RHO, default=1.0, help="zCDP rho (> 0)")
+    p.add_argument("--n", type=_POSITIVE_INT, default=5000, help="offline trajectories")
     p.add_argument("--model", choices=MODELS, default="lost_sales")
     p.add_argument("--demand", choices=DEMANDS, default="uniform")
     p.add_argument("--zoning", choices=ZONINGS, default="post-decision",
@@ -42,9 +80,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="behaviour data: uniform random orders or a noisy base-stock policy")
     p.add_argument("--reward-scale", choices=["common", "stage"], default="common",
                    help="one reward scale for all stages, or per stage (biased, old)")
-    p.add_argument("--threshold", default="auto",
+    p.add_argument("--threshold", type=_threshold, default="auto",
                    help="known-zone threshold: auto (3 noise sigmas for post-decision "
-                   "zones, the paper's E_rho otherwise), erho, or k (k noise sigmas)")
+                   "zones, the paper's E_rho otherwise), erho, or k >= 0 (k noise sigmas)")
     p.add_argument("--kernel", choices=["auto", "shared", "zone"], default="auto",
                    help="next-state kernel: shared (one demand law per stage fitted to all "
                    "zones; needs post-decision zones) or zone (each zone's own counts, the "
@@ -52,7 +90,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--em-noise", choices=["clipped", "ignore"], default="clipped",
                    help="shared kernel's EM: model the mass clipping the noise at zero adds "
                    "(clipped) or take projected counts at face value (ignore; issue 9 round 2)")
-    p.add_argument("--n-cells", type=int, default=20, help="next-state cells")
+    p.add_argument("--n-cells", type=_POSITIVE_INT, default=20, help="next-state cells")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -63,8 +101,15 @@ def _threshold_sigmas(a: argparse.Namespace) -> float | None:
 
 
 def _kernel(a: argparse.Namespace) -> str:
+    """The next-state kernel ``--kernel`` asks for; ``shared`` is refused (one line, before
+    the study) unless the zones are post-decision ones: its demand law is fitted over the
+    order-up-to level, which norm shells and the grid do not keep."""
+    from fedqhd.config import ConfigError
+
     if a.kernel == "auto":
         return "shared" if a.zoning == "post-decision" else "zone"
+    if a.kernel == "shared" and a.zoning != "post-decision":
+        raise ConfigError(f"--kernel shared needs --zoning post-decision, got --zoning {a.zoning}")
     return str(a.kernel)
 
 
@@ -85,11 +130,22 @@ def _tag(a: argparse.Namespace) -> str:
     return "".join(f"_{p}" for p in parts)
 
 
-def _write(a: argparse.Namespace, name: str, rows: list[dict], x_of, xlabel: str,
-           log_x: bool = False) -> int:
-    plt = pyplot()
+def _out(a: argparse.Namespace, *names: str) -> Path:
+    """The ``--out`` folder, once it and the files ``names`` in it are known to be writable:
+    a study takes minutes, so a bad path is refused before it runs, not after."""
+    out = writable_folder("--out", Path(a.out))
+    for name in names:
+        writable_file("--out", out / name)
+    return out
 
-    out = Path(a.out)
+
+def _run(a: argparse.Namespace, name: str, settings: list, x_of: Callable[[dict], tuple],
+         xlabel: str, log_x: bool = False) -> int:
+    """Run a study's labelled settings ``--reps`` times and write ``name``.json and .png
+    in ``--out`` (checked first); ``x_of(row)``: the row's (series, x) in the plot."""
+    out = _out(a, f"{name}.json", f"{name}.png")
+    rows = run_grid(settings, a.reps, a.seed, not a.no_progress)
+    plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     payload = {"study": name, "seed": a.seed, "reps": a.reps, "args": vars(a) | {"func": None},
                "rows": rows, "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -118,25 +174,30 @@ def _write(a: argparse.Namespace, name: str, rows: list[dict], x_of, xlabel: str
 
 
 def _rho(a: argparse.Namespace) -> int:
-    rows = run_grid(rho_study(_base(a), _floats(a.rhos), a.methods.split(",")), a.reps, a.seed,
-                    not a.no_progress)
-    return _write(a, f"rho_{a.demand}{_tag(a)}", rows, lambda r: (r["method"], r["setting"]["rho"]),
-                  "rho (zCDP)", log_x=True)
+    return _run(a, f"rho_{a.demand}{_tag(a)}", rho_study(_base(a), a.rhos, a.methods),
+                lambda r: (r["method"], r["setting"]["rho"]), "rho (zCDP)", log_x=True)
+
+
+def _sweep_values(a: argparse.Namespace) -> list:
+    """``--values`` as the flag ``--param`` sweeps takes them (checked after parsing:
+    which values are valid depends on ``--param``)."""
+    from fedqhd.config import ConfigError
+
+    try:
+        return list_of(SWEEP_VALUES[a.param])(a.values)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"--values (--param {a.param}): {exc}") from None
 
 
 def _sweep(a: argparse.Namespace) -> int:
-    rows = run_grid(sweep_study(_base(a), a.param, _floats(a.values)), a.reps, a.seed,
-                    not a.no_progress)
-    return _write(a, f"sweep_{a.param}{_tag(a)}", rows,
-                  lambda r: ("pool", float(r["label"].split("=")[1])), a.param)
+    return _run(a, f"sweep_{a.param}{_tag(a)}", sweep_study(_base(a), a.param, _sweep_values(a)),
+                lambda r: ("pool", float(r["label"].split("=")[1])), a.param)
 
 
 def _grid(a: argparse.Namespace) -> int:
-    rows = run_grid(grid_study(_base(a), [int(m) for m in _floats(a.Ms)]), a.reps, a.seed,
-                    not a.no_progress)
-    return _write(a, f"grid_wd{2 * a.w}{_tag(a)}", rows,
-                  lambda r: (r["setting"]["zoning"], r["setting"]["n_zones"]),
-                  "M (zones or grid cells)")
+    return _run(a, f"grid_wd{2 * a.w}{_tag(a)}", grid_study(_base(a), a.Ms),
+                lambda r: (r["setting"]["zoning"], r["setting"]["n_zones"]),
+                "M (zones or grid cells)")
 
 
 def _pool_preset(folder: str, name: str, **settings: object) -> str:
@@ -198,8 +259,10 @@ def federated_study(clients: int, rho: float, seeds: int, **settings: object
                 "learner": "pool", "env-id": "fedqhd/Inventory-v0", "seed": seed,
                 "num-server-rounds": 1, "privacy-rho": rho, "min-nodes": clients,
                 "output-dir": tmp, "preset": preset})
+            # simulated nodes, each with a budget of its one release (every seed's shards
+            # are fresh): any --rho is measured, not refused by the default budget (10)
             nodes = [{"ledger-dir": f"{tmp}/ledgers", "noise": "numpy",
-                      "reproducible-noise": True, "rho": rho}] * clients
+                      "reproducible-noise": True, "rho": rho, "rho-budget": rho}] * clients
             grid = InProcessGrid([client_app] * clients, run_config=cfg.to_run_config(),
                                  node_configs=nodes)
             with console_level(logging.WARNING):  # the study's table, not each run's round
@@ -220,9 +283,34 @@ def federated_study(clients: int, rho: float, seeds: int, **settings: object
             "runs": rows}
 
 
+def _check_federated(a: argparse.Namespace) -> None:
+    """Refuse, in the name of the flag, a value the run-config key or POOL setting it
+    becomes would refuse (argparse checked the lower ends; these are the upper ones, and
+    the pooled row's ``clients * trajectories``), rather than in the name of a key of a
+    temporary preset the user never wrote."""
+    from dataclasses import fields
+
+    from fedqhd.config import ConfigError, RunConfig
+    from fedqhd.presets import PoolSettings
+
+    def check(cls: type, name: str) -> Callable[[Any], str | None]:
+        return next(f for f in fields(cls) if f.name == name).metadata["check"]
+
+    for flag, value, valid in (
+            ("--clients", a.clients, check(RunConfig, "min_nodes")),
+            ("--rho", a.rho, check(RunConfig, "privacy_rho")),
+            ("--trajectories", a.trajectories, check(PoolSettings, "trajectories")),
+            ("--clients * --trajectories (the pooled row's trajectories)",
+             a.clients * a.trajectories, check(PoolSettings, "trajectories"))):
+        problem = valid(value)
+        if problem:
+            raise ConfigError(f"{flag}: expected {problem}, got {value}")
+
+
 def _federated(a: argparse.Namespace) -> int:
+    _check_federated(a)
+    out = _out(a, "federated.json")
     res = federated_study(a.clients, a.rho, a.seeds, trajectories=a.trajectories)
-    out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "federated.json", json.dumps(res, indent=1, default=float))
     print(json.dumps({k: res[k] for k in ("clients", "rho", "mean", "std")}, indent=1))
@@ -236,23 +324,29 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="study", required=True)
     r = sub.add_parser("rho", help="gap vs rho for the four methods")
     _common(r)
-    r.add_argument("--rhos", default="0.1,1,5,10,20,40")
-    r.add_argument("--methods", default=",".join(METHODS))
+    r.add_argument("--rhos", type=list_of(_RHO), default="0.1,1,5,10,20,40",
+                   help="comma separated, each > 0")
+    r.add_argument("--methods", type=list_of(_method), default=",".join(METHODS),
+                   help=f"comma separated, of {', '.join(METHODS)}")
     r.set_defaults(func=_rho)
     s = sub.add_parser("sweep", help="gap vs H, lam, wd (w+d) or M")
     _common(s)
-    s.add_argument("--param", choices=["H", "lam", "wd", "M"], required=True)
-    s.add_argument("--values", required=True, help="comma separated, e.g. 5,10,15,20,40")
+    s.add_argument("--param", choices=list(SWEEP_VALUES), required=True)
+    s.add_argument("--values", required=True,
+                   help="comma separated, e.g. 5,10,15,20,40; what the swept flag takes "
+                   "(H, M: integers >= 1, lam: in (0, 1], wd: even integers >= 2). A list "
+                   "that starts with a minus sign needs '=': --values=-5,0")
     s.set_defaults(func=_sweep)
     g = sub.add_parser("grid", help="norm zones vs axis grid: gap and wall time")
     _common(g)
-    g.add_argument("--Ms", default="50,100,200,400,800")
+    g.add_argument("--Ms", type=list_of(_POSITIVE_INT), default="50,100,200,400,800",
+                   help="comma separated zone counts, integers >= 1")
     g.set_defaults(func=_grid)
     f = sub.add_parser("federated", help="federated vs lone vs pooled POOL clients "
                        "(in-process federation, no Ray)")
-    f.add_argument("--clients", type=int, default=5)
-    f.add_argument("--rho", type=float, default=1.0)
-    f.add_argument("--seeds", type=int, default=5, help="seeds 0 .. seeds-1")
-    f.add_argument("--trajectories", type=int, default=1000, help="per client")
+    f.add_argument("--clients", type=_POSITIVE_INT, default=5)
+    f.add_argument("--rho", type=_RHO, default=1.0, help="zCDP rho of each client's release")
+    f.add_argument("--seeds", type=_POSITIVE_INT, default=5, help="seeds 0 .. seeds-1")
+    f.add_argument("--trajectories", type=_POSITIVE_INT, default=1000, help="per client")
     f.add_argument("--out", default="outputs/pool", help="output directory")
     f.set_defaults(func=_federated)
