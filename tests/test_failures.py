@@ -10,6 +10,7 @@ import json
 import logging
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -251,6 +252,83 @@ def test_fedqhd_check_names_a_misspelled_key(capsys: pytest.CaptureFixture[str])
     assert "(renamed: use 'privacy-rho')" in capsys.readouterr().err
     assert fedqhd_main(["check", str(ROOT), "--run-config", "num-server-rounds=3"]) == 0
     assert "run config ok" in capsys.readouterr().out
+
+
+def _check_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """``fedqhd check argv`` exits 2 with one line on stderr (returned) and says no "ok"."""
+    assert fedqhd_main(["check", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and "ok" not in out, err
+    return err.strip()
+
+
+def test_fedqhd_check_refuses_a_token_that_is_no_key_value_pair(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # flwr run drops such a token without a word: the run would have 20 rounds
+    for items, token in (("num-server-rounds", "'num-server-rounds'"),
+                         ("num-server-rounds=3 seed", "'seed'")):
+        err = _check_refused([str(ROOT), "--run-config", items], capsys)
+        assert f"--run-config {items!r}: {token} is not a key=value pair" in err
+    err = _check_refused([str(ROOT), "--federation-config", "num-supernodes"], capsys)
+    assert "--federation-config 'num-supernodes': 'num-supernodes' is not a key=value" in err
+
+
+def test_fedqhd_check_refuses_a_federation_config_flowers_simulation_would_not_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = ["--run-config", f"data-dir='{tmp_path / 'nosuch'}'"]
+    for federation, says in (
+            ("num-supernodes=0", "--federation-config num-supernodes=0: must be >= 1"),
+            ("num-supernodes=-2", "--federation-config num-supernodes=-2: must be >= 1"),
+            ("num-supernode=5", "--federation-config key 'num-supernode' is not a setting of "
+                                "Flower's simulation (did you mean 'num-supernodes'?)"),
+            # flwr 1.42: "Unknown simulation config field(s): options.num_supernodes"
+            ("options.num-supernodes=5", "key 'options.num-supernodes' is not a setting of "
+                                         "Flower's simulation (did you mean 'num-supernodes'?)"),
+            ('num-supernodes="5"', "--federation-config num-supernodes='5': 'str' object")):
+        err = _check_refused([str(ROOT), "--federation-config", federation, *data], capsys)
+        assert says in err, err
+    for federation in ("num-supernodes=2 client-resources-num-cpus=1", "num_supernodes=2",
+                       "client-resources-num-gpus=0.5 verbose=true backend='ray' "
+                       "init-args-num-cpus=2 init-args-log-to-driver=false"):
+        assert fedqhd_main(["check", str(ROOT), "--federation-config", federation]) == 0
+        assert "run config ok" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fedqhd_check_loads_every_data_dir_shard_as_its_client_will(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedqhd.data import client_shard, save_shard
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(2):
+        save_shard(client_shard("CartPole-v1", "iid", i, 2, 1, 0), shards / f"shard-{i}.npz")
+    fed = ["--federation-config", "num-supernodes=2"]
+
+    def argv(data_dir: Path) -> list[str]:
+        return [str(ROOT), "--run-config", f"data-dir='{data_dir}'"]
+
+    assert fedqhd_main(["check", *argv(shards), *fed]) == 0
+    assert capsys.readouterr().out.strip().endswith("data-dir holds 2 valid shards")
+    # without num-supernodes the shards are not looked into, and the ok line says so
+    assert fedqhd_main(["check", *argv(tmp_path / "nosuch")]) == 0
+    assert "data-dir not checked" in capsys.readouterr().out
+    err = _check_refused([*argv(shards / "shard-0.npz"), *fed], capsys)
+    assert err.endswith("shard-0.npz': is a file, not a folder")
+    # a bit flipped in shard-0's observations: its CRC no longer matches
+    path = shards / "shard-0.npz"
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo("observations.npy")
+    raw = bytearray(path.read_bytes())
+    start = (info.header_offset + 30 + int.from_bytes(raw[info.header_offset + 26:][:2], "little")
+             + int.from_bytes(raw[info.header_offset + 28:][:2], "little"))
+    raw[start + info.file_size - 1] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    before = {p.name: p.read_bytes() for p in shards.iterdir()}
+    err = _check_refused([*argv(shards), *fed], capsys)
+    assert "run-config key 'data-dir'" in err and "shard-0.npz: cannot read" in err
+    assert "Bad CRC-32 for file 'observations.npy'" in err
+    assert {p.name: p.read_bytes() for p in shards.iterdir()} == before
 
 
 def test_config_errors_elsewhere_say_did_you_mean() -> None:

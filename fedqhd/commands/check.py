@@ -7,19 +7,22 @@ first log line. This command fuses the app's ``[tool.flwr.app.config]`` with the
 ``--run-config`` overrides as Flower does, names a key Flower would refuse (with "did
 you mean"), then parses the result as fedqhd's ServerApp will (importing
 ``env-module`` from the app folder), and with ``--federation-config
-"num-supernodes=N"`` looks for a ``data-dir`` shard per partition.
+"num-supernodes=N"`` loads the ``data-dir`` shard of each partition as its client will.
+A token that is not ``key=value`` (Flower drops it silently) and a federation-config
+key or value Flower's simulation would refuse are refused too.
 Exit code 0: the run config is fine; 2: a config error, one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from fedqhd.config import ConfigError, did_you_mean
+from fedqhd.config import ConfigError, RunConfig, did_you_mean
 
 
 def app_config(app: Path) -> dict[str, Any]:
@@ -34,14 +37,27 @@ def app_config(app: Path) -> dict[str, Any]:
     return flatten_dict(data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {}))
 
 
-def overrides(items: list[str]) -> dict[str, Any]:
-    """``--run-config`` values as Flower parses them (``k=v`` pairs or one ``.toml``)."""
+#: a ``key=value`` pair as :func:`flwr.common.config.parse_config_args` finds it (the
+#: rest of the string it drops without a word)
+_PAIR = re.compile(r"""(\S+?)=('[^']*'|"[^"]*"|\S+)""")
+
+
+def parse_pairs(flag: str, items: list[str]) -> dict[str, Any]:
+    """``flag``'s values as Flower parses them (``k=v`` pairs or one ``.toml``), and a
+    token that is no ``k=v`` pair refused: Flower would drop it, so ``num-server-rounds``
+    without ``=20`` would run with the default."""
     from flwr.common.config import parse_config_args
 
     try:
-        return parse_config_args(items or None)
+        parsed = parse_config_args(items or None)
     except Exception as exc:  # noqa: BLE001 (click, TOML and value errors alike)
-        raise ConfigError(f"--run-config: {exc}") from None
+        raise ConfigError(f"{flag}: {exc}") from None
+    for item in items:
+        stray = [] if item.endswith(".toml") else _PAIR.sub(" ", item).split()
+        if stray:
+            raise ConfigError(f"{flag} {item!r}: {stray[0]!r} is not a key=value pair "
+                              "(flwr run would drop it without a word)")
+    return parsed
 
 
 def fused_config(app: Path, items: list[str]) -> dict[str, Any]:
@@ -50,7 +66,7 @@ def fused_config(app: Path, items: list[str]) -> dict[str, Any]:
     from fedqhd.config import renamed_key_hint, run_config_fields
 
     listed = app_config(app)
-    given = overrides(items)
+    given = parse_pairs("--run-config", items)
     ours = {f.name.replace("_", "-") for f in run_config_fields()}
     for key in given:
         if key in listed:
@@ -64,38 +80,70 @@ def fused_config(app: Path, items: list[str]) -> dict[str, Any]:
     return {**listed, **given}
 
 
-def num_supernodes(text: str | None) -> int | None:
-    """``num-supernodes`` of a ``--federation-config`` string, if it has one."""
-    if not text:
-        return None
-    for item in text.split():
-        key, _, value = item.partition("=")
-        if key == "num-supernodes":
-            try:
-                return int(value)
-            except ValueError:
-                raise ConfigError(f"--federation-config: num-supernodes={value!r} is not "
-                                  "an integer") from None
-    return None
+def federation(text: str | None) -> dict[str, Any]:
+    """A ``--federation-config`` as Flower's simulation takes it (keys with ``-``), a key
+    or value it would refuse refused here, named, and ``num-supernodes`` below 1 too
+    (a simulation without SuperNodes never runs a round)."""
+    from flwr.proto.federation_config_pb2 import SimulationConfig
+    from flwr.supercore.utils import simulation_config_from_json
+
+    given = {k.replace("_", "-"): v for k, v in parse_pairs(
+        "--federation-config", [text] if text else []).items()}
+    known = [field.name.replace("_", "-") for field in SimulationConfig.DESCRIPTOR.fields]
+    for key, value in given.items():
+        if key not in known:
+            raise ConfigError(f"--federation-config key {key!r} is not a setting of Flower's "
+                              f"simulation{did_you_mean(key.removeprefix('options.'), known)} "
+                              f"(it takes {', '.join(known)})")
+        if key == "num-supernodes" and isinstance(value, int) and value < 1:
+            raise ConfigError(f"--federation-config num-supernodes={value}: must be >= 1")
+        try:
+            simulation_config_from_json({key.replace("-", "_"): value})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"--federation-config {key}={value!r}: {exc}") from None
+    return given
 
 
-def check(app: Path, items: list[str], federation: str | None = None) -> str:
-    """Check the run config; returns a one-line summary, raises :class:`ConfigError`."""
-    from fedqhd.learners import parse_run_config
+def check_data_dir(cfg: RunConfig, num_partitions: int) -> None:
+    """Load each partition's shard from ``data-dir`` as its client will (a simulation
+    node's default limits), so a corrupt shard fails here, not in round 1."""
+    from fedqhd.data import ShardError, client_shard
     from fedqhd.server.preflight import check_shards
 
+    if Path(cfg.data_dir).expanduser().is_file():
+        raise ConfigError(f"run-config key 'data-dir' = {cfg.data_dir!r}: is a file, not a "
+                          "folder")
+    check_shards(cfg.data_dir, num_partitions, cfg.env_id)
+    for i in range(num_partitions):
+        try:
+            client_shard(cfg.env_id, cfg.partition, i, num_partitions, cfg.episodes_per_client,
+                         cfg.seed, data_dir=cfg.data_dir)
+        except ShardError as exc:
+            raise ConfigError(f"run-config key 'data-dir' = {cfg.data_dir!r}: {exc}") from None
+
+
+def check(app: Path, items: list[str], federation_config: str | None = None) -> str:
+    """Check the run config; returns a one-line summary, raises :class:`ConfigError`."""
+    from fedqhd.learners import parse_run_config
+
     app = app.resolve()
+    nodes = federation(federation_config).get("num-supernodes")
     config = fused_config(app, items)
     sys.path.insert(0, str(app))  # Flower puts the app folder on sys.path: env-module
     try:
         cfg = parse_run_config(config)
     finally:
         sys.path.remove(str(app))
-    nodes = num_supernodes(federation)
-    if cfg.data_dir and cfg.protocol == "offline" and cfg.learner == "fqi" and nodes:
-        check_shards(cfg.data_dir, nodes, cfg.env_id)
+    data = ""
+    if cfg.data_dir and cfg.protocol == "offline" and cfg.learner == "fqi":
+        if nodes:
+            check_data_dir(cfg, nodes)
+            data = f", data-dir holds {nodes} valid shards"
+        else:
+            data = (", data-dir not checked (it is looked into with --federation-config "
+                    "\"num-supernodes=N\")")
     return (f"run config ok: {len(config)} keys, env-id {cfg.env_id!r}, learner "
-            f"{cfg.learner!r}, {cfg.num_server_rounds} rounds")
+            f"{cfg.learner!r}, {cfg.num_server_rounds} rounds{data}")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -106,7 +154,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run-config", action="append", default=[], metavar="CONFIG",
                    help="as for flwr run: \"key=value key2=value2\" or a .toml file")
     p.add_argument("--federation-config", metavar="CONFIG",
-                   help="as for flwr run; with num-supernodes=N, data-dir is looked into")
+                   help="as for flwr run (a simulation's settings); with num-supernodes=N, "
+                        "the data-dir shard of each partition is loaded as its client will")
     p.set_defaults(func=_main)
 
 

@@ -16,11 +16,45 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from fedqhd.commands.args import at_least, list_of, writable_file, writable_folder
 from fedqhd.files import atomic_write
 
 __all__ = ["register"]
+
+MAX_DAYS = 36_500  #: a century: ``--days`` beyond it is a typo (dates end at year 9999)
+MAX_UID = 2**32 - 2  #: the largest uid/gid (``2**32 - 1`` is chown's "leave unchanged")
+
+
+def at_most(maximum: int, parse: Callable[[str], int]) -> Callable[[str], int]:
+    """An argparse type: what ``parse`` (e.g. :func:`at_least`) gives, ``<= maximum``."""
+    def parse_bounded(text: str) -> int:
+        value = parse(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
+        return value
+    return parse_bounded
+
+
+def path_arg(text: str) -> Path:
+    """An argparse type: a path, not an empty string (``Path("")`` is ``.``: the current
+    folder, where nobody meant to write)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
+    return Path(text)
+
+
+def san(text: str) -> str:
+    """An argparse type: an IP address or DNS name for the SuperLink's certificate (the
+    check of :func:`fedqhd.deploy.certs.check_san`, imported only when used)."""
+    from fedqhd.deploy.certs import check_san
+
+    try:
+        return check_san(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,13 +64,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = deploy.add_subparsers(dest="deploy_command", required=True)
 
     certs = sub.add_parser("certs", help="CA + SuperLink TLS cert, SuperNode keys, secrets")
-    certs.add_argument("--out", required=True, type=Path)
-    certs.add_argument("-n", "--num-supernodes", type=int, default=3)
-    certs.add_argument("--san", action="append", default=[],
+    certs.add_argument("--out", required=True, type=path_arg)
+    certs.add_argument("-n", "--num-supernodes", type=at_least(1), default=3,
+                       help="SuperNodes 1..N get keys (default 3); those of SuperNodes above "
+                            "N, left by an earlier run, are removed")
+    certs.add_argument("--san", action="append", type=list_of(san), default=[],
                        help="extra host names or IPs of the SuperLink, comma-separated "
                             "(repeatable; compose: SUPERLINK_HOST takes the same list)")
-    certs.add_argument("--days", type=int, default=365)
-    certs.add_argument("--owner", type=int, default=None,
+    certs.add_argument("--days", type=at_most(MAX_DAYS, at_least(1)), default=365,
+                       help="validity of a new CA and SuperLink certificate (default 365)")
+    certs.add_argument("--owner", type=at_most(MAX_UID, at_least(0)), default=None,
                        help="chown everything to this uid/gid (compose: Flower's app user)")
     certs.add_argument("--chown", action="append", type=Path, default=[],
                        help="with --owner: also chown this folder and what is in it "
@@ -44,9 +81,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     certs.set_defaults(func=cmd_certs)
 
     compose = sub.add_parser("compose", help="write docker-compose.yml for N SuperNodes")
-    compose.add_argument("-n", "--num-supernodes", type=int, default=3)
-    compose.add_argument("--out", type=Path, default=Path("docker-compose.yml"),
+    compose.add_argument("-n", "--num-supernodes", type=at_least(1), default=3)
+    compose.add_argument("--out", type=path_arg, default=Path("docker-compose.yml"),
                          help="output file ('-' for stdout)")
+    compose.add_argument("--force", action="store_true",
+                         help="replace an --out file that is not this command's output "
+                              "(edited by hand, or another fedqhd version's)")
     compose.set_defaults(func=cmd_compose)
 
     local = sub.add_parser(
@@ -74,39 +114,68 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
-    from fedqhd.deploy.certs import make_credentials
+    from fedqhd.deploy.certs import make_credentials, stale_node_files
 
-    sans = split_sans(args.san)
-    made = not (args.out / "superlink" / "server.pem").is_file()
-    make_credentials(args.out, args.num_supernodes, sans, args.days, args.owner)
+    out = writable_folder("--out", args.out)
+    check_owner(args.owner, args.chown)
+    sans = [name for names in args.san for name in names]
+    made = not (out / "superlink" / "server.pem").is_file()
+    stale = stale_node_files(out, args.num_supernodes)
+    make_credentials(out, args.num_supernodes, sans, args.days, args.owner)
     if not made and sans:
-        print(f"note: {args.out}/superlink/server.pem existed and was kept: --san applies "
+        print(f"note: {out}/superlink/server.pem existed and was kept: --san applies "
               "to a new certificate only (delete the folder superlink/ to remake it)",
+              file=sys.stderr)
+    if stale:
+        print(f"note: removed the credentials of SuperNodes above {args.num_supernodes} "
+              f"({', '.join(str(p.relative_to(out)) for p in stale)}); a SuperLink that "
+              "registered their keys accepts them until `flwr supernode unregister`",
               file=sys.stderr)
     if args.owner is not None:
         for folder in args.chown:
-            for path in [folder, *folder.rglob("*")]:
-                os.chown(path, args.owner, args.owner)
-    print(f"credentials for a SuperLink and {args.num_supernodes} SuperNodes in {args.out} "
-          "(existing files kept)")
+            os.chown(folder, args.owner, args.owner)
+            for path in folder.rglob("*"):  # a link a service planted: not its target
+                os.chown(path, args.owner, args.owner, follow_symlinks=False)
+    print(f"credentials for a SuperLink and {args.num_supernodes} SuperNodes in {out} "
+          "(existing ones kept)")
     return 0
 
 
-def split_sans(values: list[str]) -> list[str]:
-    """``--san a,b --san c`` -> ``[a, b, c]`` (one environment variable can carry them all
-    in compose)."""
-    return [name.strip() for value in values for name in value.split(",") if name.strip()]
+def check_owner(owner: int | None, chown: list[Path]) -> None:
+    """Refuse, before a credential is written, ``--owner``/``--chown`` that would fail
+    (or be ignored) only after every file was written or chowned: a ``--chown`` without
+    ``--owner``, a ``--chown`` that is no folder, or another user's uid when not root."""
+    from fedqhd.config import ConfigError
+
+    if chown and owner is None:
+        raise ConfigError(f"--chown {chown[0]}: needs --owner (the uid to give it to)")
+    for folder in chown:
+        if not folder.is_dir():
+            why = "is a file, not a folder" if folder.exists() else "no such folder"
+            raise ConfigError(f"--chown {folder}: {why}")
+    if owner is not None and os.geteuid() not in (0, owner):
+        raise ConfigError(f"--owner {owner}: only root may give files to another user "
+                          f"(this is uid {os.geteuid()})")
 
 
 def cmd_compose(args: argparse.Namespace) -> int:
-    from fedqhd.deploy.compose import render_compose
+    from fedqhd.config import ConfigError
+    from fedqhd.deploy.compose import is_generated, render_compose
 
     text = render_compose(args.num_supernodes)
     if str(args.out) == "-":
         sys.stdout.write(text)
-    else:
-        atomic_write(args.out, text)
-        print(f"wrote {args.out} with {args.num_supernodes} SuperNodes")
+        return 0
+    out = writable_file("--out", args.out)
+    if out.is_file() and not args.force:
+        old = out.read_bytes()
+        if old != text.encode() and not is_generated(old):
+            raise ConfigError(f"--out {out}: exists and is not what `fedqhd deploy compose` "
+                              "writes (edited by hand, or another version's output); "
+                              "--force replaces it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, text)
+    print(f"wrote {out} with {args.num_supernodes} SuperNodes")
     return 0
 
 

@@ -17,6 +17,10 @@ mount each service's folder only)::
     public/ca.crt, public/supernode-<i>.pub   for the operator (``flwr supernode register``)
 
 Existing files are kept: rerunning with a larger ``num_supernodes`` only adds keys.
+Rerunning with a smaller one removes the SuperNodes above it (their files listed above,
+nothing else): ``public/`` would otherwise keep their keys, and whoever registers every
+``public/supernode-*.pub`` (the compose ``register`` service, docs/deployment.md's loop)
+would let those SuperNodes join again.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+import re
 import secrets
 import stat
 from collections.abc import Iterable
@@ -44,6 +49,12 @@ _PEM = serialization.Encoding.PEM
 
 #: credential folders others may read (every other one holds a key or a secret: 0700)
 PUBLIC_FOLDERS = ("public",)
+#: what a SuperNode's folder ``supernode-<i>/`` holds (the files removed when scaling down)
+NODE_FILES = ("ca.crt", "supernode.key", "supernode.pub", "superexec.secret")
+
+#: one DNS label (RFC 1123: letters, digits, inner hyphens, at most 63 characters)
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_NODE_NAME = re.compile(r"supernode-([1-9][0-9]*)")
 
 
 def _folder(path: Path) -> Path:
@@ -76,13 +87,32 @@ def _name(common_name: str) -> x509.Name:
                       x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
+def check_san(name: str) -> str:
+    """``name`` if it is an IP address or a DNS name (a leading ``*.`` allowed), else a
+    :class:`ValueError` saying why: a certificate would carry any string as a DNS name,
+    and no client could ever match it."""
+    try:
+        ipaddress.ip_address(name)
+        return name
+    except ValueError:
+        pass
+    labels = name.removeprefix("*.").split(".")
+    if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in labels):
+        raise ValueError(f"{name!r} is neither an IP address nor a DNS name (letters, "
+                         "digits and inner hyphens, dot-separated)")
+    if labels[-1].isdigit():
+        raise ValueError(f"{name!r} is not an IP address (and a DNS name does not end "
+                         "in a number)")
+    return name
+
+
 def _san(names: Iterable[str]) -> x509.SubjectAlternativeName:
     entries: list[x509.GeneralName] = []
     for name in dict.fromkeys(names):  # keep order, drop duplicates
         try:
             entries.append(x509.IPAddress(ipaddress.ip_address(name)))
         except ValueError:
-            entries.append(x509.DNSName(name))
+            entries.append(x509.DNSName(check_san(name)))
     return x509.SubjectAlternativeName(entries)
 
 
@@ -157,6 +187,22 @@ def _load_ca(root: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate] 
     return key, x509.load_pem_x509_certificate(cert_path.read_bytes())
 
 
+def stale_node_files(root: Path, num_supernodes: int) -> list[Path]:
+    """The files of SuperNodes numbered above ``num_supernodes`` that
+    :func:`make_credentials` wrote into ``root`` (their :data:`NODE_FILES` and
+    ``public/supernode-<i>.pub``), to remove when scaling down."""
+    found: list[Path] = []
+    for path in sorted([*root.glob("supernode-*"), *root.glob("public/supernode-*.pub")]):
+        match = _NODE_NAME.fullmatch(path.name.removesuffix(".pub"))
+        if not match or int(match.group(1)) <= num_supernodes:
+            continue
+        if path.parent.name == "public":
+            found += [path] if path.is_file() else []
+        elif path.is_dir():
+            found += [path / name for name in NODE_FILES if (path / name).is_file()]
+    return found
+
+
 def make_credentials(out: str | os.PathLike[str], num_supernodes: int,
                      sans: Iterable[str] = (), days: int = 365, owner: int | None = None
                      ) -> Path:
@@ -164,12 +210,17 @@ def make_credentials(out: str | os.PathLike[str], num_supernodes: int,
 
     SuperNode folders are numbered from 1 (as compose services); SuperNode ``i`` reads
     partition ``i - 1``. What exists is kept, so scaling up adds keys without
-    invalidating the registered ones. ``owner`` (a uid) chowns the files, e.g. to the
-    ``app`` user (49999) of Flower's images when the compose ``certs`` service runs as
-    root.
+    invalidating the registered ones; scaling down removes :func:`stale_node_files` (a
+    folder left empty goes too). ``owner`` (a uid) chowns the files, e.g. to the ``app``
+    user (49999) of Flower's images when the compose ``certs`` service runs as root.
+    Bad arguments raise :class:`ValueError` before anything is written.
     """
     if num_supernodes < 1:
         raise ValueError("num_supernodes must be >= 1")
+    if days < 1:
+        raise ValueError(f"days must be >= 1 (a certificate valid for {days} days would "
+                         "be expired when written)")
+    sans = [check_san(name) for name in sans]
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     info = root.stat()
@@ -197,6 +248,10 @@ def make_credentials(out: str | os.PathLike[str], num_supernodes: int,
         _write(root / "public" / f"supernode-{i}.pub", (folder / "supernode.pub").read_bytes())
         if not (folder / "superexec.secret").is_file():
             make_secret(folder / "superexec.secret")
+    for path in stale_node_files(root, num_supernodes):
+        path.unlink()
+        if path.parent.name != "public" and not any(path.parent.iterdir()):
+            path.parent.rmdir()
     if owner is not None:
         for path in [root, *root.rglob("*")]:
             os.chown(path, owner, owner)
