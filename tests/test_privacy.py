@@ -128,3 +128,50 @@ def test_every_ledger_entry_of_a_release_records_whether_its_sampler_is_secure()
         release_counts(families, 1.0, 2.0, source, ledger)
         assert [e["secure"] for e in ledger.entries] == [secure, secure]
         assert [e["noise"] for e in ledger.entries] == [source.label] * 2
+
+
+def test_ledgers_lists_every_readable_ledger_and_names_what_is_wrong_with_each_bad_one(
+        tmp_path, capsys):
+    from fedqhd.commands.main import main
+
+    good = PrivacyLedger(10.0, 1e-5, "c0")
+    good.spend(1.0, noise="numpy-gaussian")
+    record = good.to_dict()
+    files = {"aa": good.to_json(), "bb": "{not json", "cc": "",
+             "dd": json.dumps({k: v for k, v in record.items() if k != "budget_rho"}),
+             "ee": "[1, 2]", "ff": json.dumps({**record, "entries": [{"label": "x"}]}),
+             "gg": json.dumps({**record, "delta": 2}), "zz": good.to_json()}
+    for name, text in files.items():
+        (tmp_path / f"{name}.json").write_text(text)
+    assert main(["privacy", "ledgers", "--ledger-dir", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out.count("c0: rho spent 1 of 10") == 2  # zz, sorted after the bad files, too
+    lines = err.strip().splitlines()
+    assert lines[-1] == "fedqhd privacy ledgers: 6 of 8 ledger file(s) unreadable"
+    for line, (name, why) in zip(lines, (("bb", "Expecting property name"),
+                                         ("cc", "empty file"),
+                                         ("dd", "missing field 'budget_rho'"),
+                                         ("ee", "not a JSON object: [1, 2]"),
+                                         ("ff", "entry 0 has no non-negative number 'rho'"),
+                                         ("gg", "field 'delta' = 2 is not in (0, 1)")),
+                                 strict=False):
+        assert f"{name}.json is unreadable ({why}" in line, line
+
+
+def test_ledgers_refuses_a_named_folder_that_is_not_there(tmp_path, capsys, monkeypatch,
+                                                          private_ledger_dir):
+    from fedqhd.commands.main import main
+
+    (tmp_path / "afile").touch()
+    for folder, why in ((tmp_path / "nosuchledgers", "no such folder"),
+                        (tmp_path / "afile", "not a folder"), ("", "not a folder name")):
+        assert main(["privacy", "ledgers", "--ledger-dir", str(folder)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == f"fedqhd privacy: error: --ledger-dir {str(folder)!r}: {why}\n"
+    assert not private_ledger_dir.exists()  # $FEDQHD_LEDGER_DIR named by the test fixture
+    assert main(["privacy", "ledgers"]) == 2
+    assert "$FEDQHD_LEDGER_DIR" in capsys.readouterr().err
+    monkeypatch.delenv("FEDQHD_LEDGER_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path))  # the default folder, not there yet: fine
+    assert main(["privacy", "ledgers"]) == 0
+    assert "nothing released on this node" in capsys.readouterr().out

@@ -76,3 +76,69 @@ def test_cli_exit_code_and_json(tmp_path, capsys):
     assert "FLAGGED" in out and "claimed epsilon (exact-gaussian): 6.573" in out
     bad = json.loads((tmp_path / "bad.json").read_text())
     assert bad["flagged"] and bad["noise_scale_factor"] == 0.1 and bad["seed"] == 0
+
+
+def _refused(args: list[str], capsys) -> tuple[int, str]:
+    """Exit code and last stderr line of ``fedqhd privacy audit ARGS`` (argparse exits, a
+    config error returns 2); asserts nothing reached stdout, so no audit ran."""
+    try:
+        code = main(["privacy", "audit", *args])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    assert out == "", out
+    return code, err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--delta", "2"], "argument --delta: must be in (0, 1), got 2"),
+    (["--delta", "0"], "argument --delta: must be in (0, 1), got 0"),  # claim inf: vacuous
+    (["--releases", "1"], "argument --releases: must be >= 100, got 1"),
+    (["--releases", "-10"], "argument --releases: must be >= 100, got -10"),
+    (["--confidence", "95"], "argument --confidence: must be in (0, 1), got 95"),
+    (["--noise-scale-factor", "0"], "argument --noise-scale-factor: must be in (0, inf]"),
+    (["--horizon", "0"], "argument --horizon: expected an integer in [1, 100], got 0"),
+    (["--trajectories", "0"], "argument --trajectories: expected an integer in [1, "),
+    (["--seed", "-1"], "argument --seed: expected an integer in [0, "),
+    (["--rho", "0"], "argument --rho: expected a number in (0.0, "),  # not 'privacy-rho'
+    (["--release", "fedqhd", "--chunks", "0"], "argument --chunks: expected an integer in "),
+    (["--release", "fedqhd", "--hd-dim", "-5"], "argument --hd-dim: expected an integer in "),
+    (["--release", "fedqhd", "--anchors", "-3"], "argument --anchors: must be >= 0, got -3"),
+    (["--release", "fedqhd", "--episodes", "0"], "argument --episodes: must be >= 1, got 0"),
+])
+def test_a_bad_value_is_refused_in_one_line_naming_the_flag(args, says, capsys):
+    code, err = _refused(args, capsys)
+    assert code == 2 and says in err, err
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--chunks", "0", "--hd-dim", "16"], "argument --chunks: expected an integer"),
+    (["--chunks", "4", "--hd-dim", "16"], "--chunks, --hd-dim: only for --release fedqhd, "
+                                          "not --release counts"),
+    (["--release", "fedqhd", "--horizon", "7", "--clipped"],
+     "--horizon, --clipped: only for --release counts"),
+    (["--release", "fedqhd", "--neighbours", "replace"],
+     "--neighbours replace: only for --release counts"),
+])
+def test_an_option_of_the_other_release_is_refused_not_ignored(args, says, capsys):
+    code, err = _refused(args, capsys)
+    assert code == 2 and says in err, err
+
+
+def test_an_unwritable_out_is_refused_before_the_audit(tmp_path, capsys):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "afile").touch()
+    for out, says in ((tmp_path / "folder", "is a folder"),
+                      (tmp_path / "afile" / "res.json", "afile is a file, not a folder")):
+        code, err = _refused(["--trajectories", "30", "--out", str(out)], capsys)
+        assert code == 2 and err.startswith(f"fedqhd privacy: error: --out {out}: ") and \
+            says in err, err
+    assert not any((tmp_path / "folder").iterdir())
+
+
+def test_opendp_needs_a_release_count_given_not_numpys_hour_long_default(capsys):
+    code, err = _refused(["--noise", "opendp"], capsys)
+    assert code == 2 and "--noise opendp" in err and "give --releases" in err, err
+    assert main(["privacy", "audit", "--noise", "opendp", "--releases", "200",
+                 "--trajectories", "30"]) == 0  # a count given is run as asked
+    assert "200 releases per data set" in capsys.readouterr().out

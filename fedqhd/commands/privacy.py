@@ -2,20 +2,97 @@
 the claimed epsilon; exits 1 when the bound exceeds the claim. ``--release counts`` audits
 POOL's count release, ``--release fedqhd`` private FedQHD's readout release.
 ``fedqhd privacy ledgers``: what a node's on-disk ledgers have spent, and their epsilon
-(infinite for a shard released with regenerable, seeded noise)."""
+(infinite for a shard released with regenerable, seeded noise); an unreadable file is
+reported and the rest still listed (exit 1)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from fedqhd.commands.args import at_least, number_in, writable_file
 from fedqhd.files import atomic_write
 
 RELEASES = ("counts", "fedqhd")  #: what ``--release`` audits
+#: each release's own options and their defaults; parsed with default None, so one given
+#: with the other release is refused instead of silently ignored
+ONLY_FOR: dict[str, dict[str, Any]] = {
+    "counts": {"horizon": 7, "trajectories": 1000, "clipped": False},
+    "fedqhd": {"chunks": 4, "clip_norm": 0.05, "hd_dim": 16, "anchors": 0, "episodes": 120},
+}
+#: ``--releases`` when not given, with numpy's sampler only: OpenDP's (~60 us a sample,
+#: tens of samples a release) would take 10 min (counts) to an hour (fedqhd) at this count
+DEFAULT_RELEASES = 1_000_000
+
+
+def _in_range_of(owner: Literal["run", "pool"], name: str, parse: type[int] | type[float]
+                 ) -> Callable[[str], Any]:
+    """An argparse type checked by the range of the run-config key (``"run"``) or POOL
+    setting (``"pool"``) field ``name`` the option sets: one range, and a bad value is
+    refused naming the flag, not the key the user never typed."""
+    def check(text: str) -> Any:
+        from dataclasses import fields
+
+        from fedqhd.config import RunConfig
+        from fedqhd.presets import PoolSettings
+
+        try:
+            value = parse(text)
+        except ValueError:
+            what = "an integer" if parse is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        field = next(f for f in fields(RunConfig if owner == "run" else PoolSettings)
+                     if f.name == name)
+        problem = field.metadata["check"](value)
+        if problem:
+            raise argparse.ArgumentTypeError(f"expected {problem}, got {text}")
+        return value
+    return check
+
+
+def _releases(text: str) -> int:
+    """An argparse type: releases per data set, at least the audit's minimum (imported
+    here: ``fedqhd --help`` should not load scipy)."""
+    from fedqhd.privacy.audit import MIN_RELEASES
+
+    return at_least(MIN_RELEASES)(text)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _check_audit(a: argparse.Namespace) -> None:
+    """Refuse, before any work, what the audit would ignore or regret: an option of the
+    other release (ignored, it would read as audited), OpenDP's sampler at numpy's default
+    count (silent for an hour), an output path that cannot be written (found only after
+    the audit); then fill in the defaults."""
+    from fedqhd.config import ConfigError
+
+    other = next(r for r in RELEASES if r != a.release)
+    foreign = [_flag(k) for k in ONLY_FOR[other] if getattr(a, k) is not None]
+    if a.release == "fedqhd" and a.neighbours == "replace":
+        foreign.append("--neighbours replace")  # fedqhd protects one episode added/removed
+    if foreign:
+        raise ConfigError(f"{', '.join(foreign)}: only for --release {other}, not "
+                          f"--release {a.release}")
+    if a.releases is None and a.noise == "opendp":
+        raise ConfigError(f"--noise opendp draws about 60 us a sample: the default --releases "
+                          f"{DEFAULT_RELEASES} would take 10 min (counts) to an hour (fedqhd); "
+                          "give --releases, a few thousand (2000: 1 to 10 s)")
+    if a.out is not None:
+        writable_file("--out", Path(a.out))
+    for key, default in ONLY_FOR[a.release].items():
+        if getattr(a, key) is None:
+            setattr(a, key, default)
+    a.releases = DEFAULT_RELEASES if a.releases is None else a.releases
+    a.neighbours = a.neighbours or ("replace" if a.release == "counts" else "add")
 
 
 def _audit_counts(a: argparse.Namespace, source: Any, seed: int | None
@@ -73,12 +150,7 @@ def _audit(a: argparse.Namespace) -> int:
     from fedqhd.privacy.audit import ScaledNoise
     from fedqhd.privacy.noise import NoiseSource, NumpyNoise, OpenDPNoise
 
-    if a.release == "fedqhd" and (a.clipped or a.neighbours == "replace"):
-        print("fedqhd privacy audit: error: --release fedqhd protects one episode added or "
-              "removed (--neighbours add) and has no clipping at zero (--clipped)",
-              file=sys.stderr)
-        return 2
-    a.neighbours = a.neighbours or ("replace" if a.release == "counts" else "add")
+    _check_audit(a)
     inner: NoiseSource = NumpyNoise(a.seed) if a.noise == "numpy" else OpenDPNoise()
     # unwrapped when honest: release_real then checks OpenDP's own map, as in the learner
     source = inner if a.noise_scale_factor == 1 else ScaledNoise(inner, a.noise_scale_factor)
@@ -109,7 +181,7 @@ def _audit(a: argparse.Namespace) -> int:
     verdict = ("FLAGGED: the lower bound exceeds the claim; this mechanism is not "
                f"{a.rho:g}-zCDP" if res.flagged else "consistent: the bound stays below the claim")
     print(verdict)
-    if a.out:
+    if a.out is not None:
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, json.dumps({**res.to_dict(), "release": a.release, **extra,
@@ -118,22 +190,56 @@ def _audit(a: argparse.Namespace) -> int:
     return 1 if res.flagged else 0
 
 
-def _ledgers(a: argparse.Namespace) -> int:
-    from fedqhd.privacy.store import LedgerStore, ledger_dir
+def _ledger_folder(a: argparse.Namespace) -> Path | None:
+    """The folder to list; ``None`` when the default one does not exist yet (nothing
+    released on this node). A folder the user named (``--ledger-dir``, or
+    ``$FEDQHD_LEDGER_DIR``) must exist: a typo would otherwise read as nothing spent."""
+    from fedqhd.config import ConfigError
+    from fedqhd.privacy.store import LEDGER_DIR_ENV, ledger_dir
 
-    store = LedgerStore(a.ledger_dir or ledger_dir({}))
-    paths = sorted(store.directory.glob("*.json")) if store.directory.is_dir() else []
-    print(f"{len(paths)} ledger(s) in {store.directory}")
-    for path in paths:
-        ledger = store.read(path.stem)
-        assert ledger is not None
+    named = a.ledger_dir if a.ledger_dir is not None else os.environ.get(LEDGER_DIR_ENV) or None
+    if named is None:
+        folder = ledger_dir({})
+        return folder if folder.is_dir() else None
+    flag = "--ledger-dir" if a.ledger_dir is not None else f"${LEDGER_DIR_ENV}"
+    folder = Path(named).expanduser()
+    if not named.strip() or not folder.is_dir():
+        why = ("not a folder name" if not named.strip() else
+               "not a folder" if folder.exists() else "no such folder")
+        raise ConfigError(f"{flag} {named!r}: {why}")
+    return folder
+
+
+def _ledgers(a: argparse.Namespace) -> int:
+    from fedqhd.privacy.store import LedgerFileError, LedgerStore, ledger_dir
+
+    folder = _ledger_folder(a)
+    if folder is None:
+        print(f"0 ledger(s): no folder {ledger_dir({})} yet (nothing released on this node)")
+        return 0
+    store = LedgerStore(folder)
+    paths = sorted(folder.glob("*.json"))
+    print(f"{len(paths)} ledger(s) in {folder}")
+    bad = 0
+    for path in paths:  # a bad file is reported and skipped: the others are still shown
+        try:
+            ledger = store.read(path.stem)
+        except LedgerFileError as exc:
+            print(f"fedqhd privacy ledgers: error: {exc}", file=sys.stderr)
+            bad += 1
+            continue
+        if ledger is None:  # removed since the listing
+            continue
         eps = ledger.epsilon()
         shown = (f"inf ({ledger.conversion}: seeded noise, no privacy)" if eps == float("inf")
                  else f"{eps:.3f} ({ledger.conversion})")
         print(f"{path.stem[:12]}  {ledger.client_id}: rho spent {ledger.rho_spent:g} of "
               f"{ledger.budget_rho:g} in {len(ledger.entries)} entries; epsilon at delta "
               f"{ledger.delta:g}: {shown}")
-    return 0
+    if bad:
+        print(f"fedqhd privacy ledgers: {bad} of {len(paths)} ledger file(s) unreadable",
+              file=sys.stderr)
+    return 1 if bad else 0
 
 
 def register(subparsers) -> None:
@@ -142,43 +248,56 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="privacy_command", required=True)
     a = sub.add_parser("audit", help="empirical epsilon lower bound vs the claimed epsilon "
                        "(exit 1 when the claim is refuted)")
-    a.add_argument("--rho", type=float, default=1.0, help="zCDP rho the release claims")
-    a.add_argument("--delta", type=float, default=1e-5)
-    a.add_argument("--releases", type=int, default=1_000_000,
-                   help="releases per data set (half choose the threshold, half measure)")
-    a.add_argument("--confidence", type=float, default=0.95,
-                   help="confidence of the Clopper-Pearson bound")
+    counts, fedqhd = ONLY_FOR["counts"], ONLY_FOR["fedqhd"]  # their defaults, for the help
+    a.add_argument("--rho", type=_in_range_of("run", "privacy_rho", float), default=1.0,
+                   help="zCDP rho the release claims")
+    a.add_argument("--delta", type=number_in(0, 1, low_open=True, high_open=True),
+                   default=1e-5)
+    a.add_argument("--releases", type=_releases, default=None,
+                   help="releases per data set (half choose the threshold, half measure; "
+                   f"default {DEFAULT_RELEASES} with --noise numpy, needed with opendp)")
+    a.add_argument("--confidence", type=number_in(0, 1, low_open=True, high_open=True),
+                   default=0.95, help="confidence of the Clopper-Pearson bound")
     a.add_argument("--release", choices=RELEASES, default="counts",
                    help="what to audit: POOL's count release, or private FedQHD's readout "
-                   "release (CartPole episodes, one episode added)")
+                   "release (CartPole episodes, one episode added); an option marked for "
+                   "the other release is refused")
     a.add_argument("--neighbours", choices=["replace", "add"], default=None,
                    help="counts: D' = D with one trajectory replaced (POOL's relation, the "
                    "default) or added; fedqhd: add only")
     a.add_argument("--noise", choices=["numpy", "opendp"], default="numpy",
                    help="sampler: numpy (fast, vectorised) or OpenDP's secure discrete Gaussian "
-                   "(the nodes' default; exact but ~60 us a sample: use --releases of a few "
+                   "(the nodes' default; exact but ~60 us a sample: give --releases, a few "
                    "thousand)")
-    a.add_argument("--noise-scale-factor", type=float, default=1.0,
+    a.add_argument("--noise-scale-factor", type=number_in(0, low_open=True), default=1.0,
                    help="multiply the noise scale (0.1: a deliberately broken mechanism)")
-    a.add_argument("--clipped", action="store_true",
+    a.add_argument("--clipped", action="store_true", default=None,
                    help="counts: audit the output clipped at zero (post-processing: a weaker "
                    "test)")
-    a.add_argument("--horizon", type=int, default=7, help="counts: H (trajectory length)")
-    a.add_argument("--trajectories", type=int, default=1000, help="counts: trajectories in D")
-    a.add_argument("--chunks", type=int, default=4, help="fedqhd: m, the episode chunks")
-    a.add_argument("--clip-norm", type=float, default=0.05,
-                   help="fedqhd: R, each chunk's clip norm (small: every chunk is clipped, "
-                   "the worst case)")
-    a.add_argument("--hd-dim", type=int, default=16, help="fedqhd: the encoder's dimension")
-    a.add_argument("--anchors", type=int, default=0,
+    a.add_argument("--horizon", type=_in_range_of("pool", "horizon", int),
+                   help=f"counts: H (trajectory length; default {counts['horizon']})")
+    a.add_argument("--trajectories", type=_in_range_of("pool", "trajectories", int),
+                   help=f"counts: trajectories in D (default {counts['trajectories']})")
+    a.add_argument("--chunks", type=_in_range_of("run", "privacy_chunks", int),
+                   help=f"fedqhd: m, the episode chunks (default {fedqhd['chunks']})")
+    a.add_argument("--clip-norm", type=_in_range_of("run", "privacy_clip_norm", float),
+                   help=f"fedqhd: R, each chunk's clip norm (default {fedqhd['clip_norm']}; small: "
+                   "every chunk is clipped, the worst case)")
+    a.add_argument("--hd-dim", type=_in_range_of("run", "hd_dim", int),
+                   help=f"fedqhd: the encoder's dimension (default {fedqhd['hd_dim']})")
+    a.add_argument("--anchors", type=at_least(0),
                    help="fedqhd: M > 0 audits the heterogeneous release (the chunks' "
-                   "advantages on M uniform anchor states, client 0's own encoder)")
-    a.add_argument("--episodes", type=int, default=120,
-                   help="fedqhd: random CartPole episodes searched for the worst-case pair")
-    a.add_argument("--seed", type=int, default=0, help="seeds the data and numpy noise")
-    a.add_argument("--out", default="", help="write the result as JSON here")
+                   "advantages on M uniform anchor states, client 0's own encoder; default "
+                   f"{fedqhd['anchors']}: the readout)")
+    a.add_argument("--episodes", type=at_least(1),
+                   help="fedqhd: random CartPole episodes searched for the worst-case pair "
+                   f"(default {fedqhd['episodes']})")
+    a.add_argument("--seed", type=_in_range_of("run", "seed", int), default=0,
+                   help="seeds the data and numpy noise")
+    a.add_argument("--out", help="write the result as JSON here")
     a.set_defaults(func=_audit)
     led = sub.add_parser("ledgers", help="a node's privacy ledgers: rho spent, budget, epsilon")
-    led.add_argument("--ledger-dir", default="", help="the node's ledger folder (default: "
-                     "$FEDQHD_LEDGER_DIR, else ~/.fedqhd/ledgers)")
+    led.add_argument("--ledger-dir", help="the node's ledger folder (default: "
+                     "$FEDQHD_LEDGER_DIR, else ~/.fedqhd/ledgers); exits 1 when a ledger "
+                     "file is unreadable")
     led.set_defaults(func=_ledgers)

@@ -50,6 +50,7 @@ from fedqhd.privacy.mechanisms import release_counts
 from fedqhd.privacy.noise import NoiseSource
 
 CHUNK = 20_000  #: releases drawn per vectorised batch (bounds memory)
+MIN_RELEASES = 100  #: the fewest releases per data set an audit takes (half of them measure)
 
 
 class ScaledNoise:
@@ -185,8 +186,9 @@ def audit_statistic(sample_d: Sampler, sample_d_prime: Sampler, rho: float,
     conversion); ``source`` may be a :class:`ScaledNoise`, whose honest inner source the
     claim is always about.
     """
-    if releases < 100:
-        raise ValueError(f"releases = {releases}: an audit needs at least 100 per data set")
+    if releases < MIN_RELEASES:
+        raise ValueError(f"releases = {releases}: an audit needs at least {MIN_RELEASES} per "
+                         "data set")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     s0 = _draw(sample_d, releases)

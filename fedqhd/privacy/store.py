@@ -38,6 +38,32 @@ class LedgerFileError(RuntimeError):
     """A stored ledger cannot be read; releases of that data are refused until it is fixed."""
 
 
+#: a ledger file's fields: the types each may hold, and their name in a message
+LEDGER_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "budget_rho": ((int, float), "a number"), "delta": ((int, float), "a number"),
+    "client_id": ((str,), "a string"), "entries": ((list,), "a list")}
+
+
+def ledger_problem(record: Any) -> str | None:
+    """What makes a parsed ledger file unusable, by field (``None``: nothing), checked
+    before use so a wrong schema is named ("missing field 'budget_rho'") instead of
+    surfacing as a bare ``KeyError`` or a crash in the epsilon conversion."""
+    if not isinstance(record, dict):
+        return f"not a JSON object: {json.dumps(record)[:40]}"
+    for key, (kinds, what) in LEDGER_FIELDS.items():
+        if key not in record:
+            return f"missing field {key!r}"
+        if not isinstance(record[key], kinds) or isinstance(record[key], bool):
+            return f"field {key!r} = {record[key]!r} is not {what}"
+    if not 0 < record["delta"] < 1:
+        return f"field 'delta' = {record['delta']!r} is not in (0, 1)"
+    for i, entry in enumerate(record["entries"]):
+        rho = entry.get("rho") if isinstance(entry, dict) else None
+        if not isinstance(rho, (int, float)) or isinstance(rho, bool) or not rho >= 0:
+            return f"entry {i} has no non-negative number 'rho'"
+    return None
+
+
 def data_fingerprint(*arrays: np.ndarray) -> str:
     """SHA-256 over the dtype, shape and bytes of every array: the same shard, the same key."""
     digest = hashlib.sha256()
@@ -72,11 +98,19 @@ class LedgerStore:
 
     @staticmethod
     def _load(path: Path) -> PrivacyLedger:
+        record: Any = None
+        problem: str | None = "empty file"
         try:
-            return PrivacyLedger.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise LedgerFileError(f"privacy ledger {path} is unreadable ({exc}); releases of "
-                                  "this data are refused until it is repaired or restored") from exc
+            text = path.read_text()
+            if text.strip():
+                record = json.loads(text)
+                problem = ledger_problem(record)
+        except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
+            problem = str(exc)
+        if problem is not None:
+            raise LedgerFileError(f"privacy ledger {path} is unreadable ({problem}); releases "
+                                  "of this data are refused until it is repaired or restored")
+        return PrivacyLedger.from_dict(record)
 
     @contextlib.contextmanager
     def open(self, fingerprint: str, budget_rho: float, delta: float, client_id: str
