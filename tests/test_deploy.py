@@ -132,6 +132,22 @@ def test_compose_refuses_bad_arguments_in_one_line(args: list[str], says: str, t
     assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize(("args", "says"), [
+    (["-n", "0"], "argument -n/--num-supernodes: must be >= 1, got 0"),
+    (["--rounds", "0"], "argument --rounds: must be >= 1, got 0"),
+    (["--episodes", "-2"], "argument --episodes: must be >= 1, got -2"),
+    (["--timeout", "0"], "argument --timeout: must be in (0, inf), got 0"),
+])
+def test_deploy_local_refuses_bad_counts_before_starting_anything(
+        args: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    before = _snapshot(tmp_path)
+    assert says in _refused(["deploy", "local", "--workdir", str(tmp_path / "w"), *args],
+                            capsys)
+    assert _snapshot(tmp_path) == before  # no workdir, no process
+
+
 def test_compose_replaces_only_its_own_output_without_force(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

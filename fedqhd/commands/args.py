@@ -34,8 +34,8 @@ def number_in(low: float | None = None, high: float | None = None, *,
         too_low = low is not None and (value <= low if low_open else value < low)
         too_high = high is not None and (value >= high if high_open else value > high)
         if not value == value or too_low or too_high or value in (float("inf"), -float("inf")):
-            left = "(" if low_open else "["
-            right = ")" if high_open else "]"
+            left = "(" if low_open or low is None else "["
+            right = ")" if high_open or high is None else "]"
             span = (f"{left}{'-inf' if low is None else f'{low:g}'}, "
                     f"{'inf' if high is None else f'{high:g}'}{right}")
             raise argparse.ArgumentTypeError(f"must be in {span}, got {text}")

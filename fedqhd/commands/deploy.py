@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fedqhd.commands.args import at_least, list_of, writable_file, writable_folder
+from fedqhd.commands.args import at_least, list_of, number_in, writable_file, writable_folder
 from fedqhd.files import atomic_write
 
 __all__ = ["register"]
@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     local = sub.add_parser(
         "local", help="SuperLink + SuperExecs + SuperNodes as local processes, then flwr run")
-    local.add_argument("-n", "--num-supernodes", type=int, default=3)
+    local.add_argument("-n", "--num-supernodes", type=at_least(1), default=3)
     local.add_argument("--workdir", type=Path, default=None,
                        help="credentials, logs, state, results (default: a temp folder)")
     local.add_argument("--shards", type=Path, default=None,
@@ -102,14 +102,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     local.add_argument("--env-module", default="",
                        help="module(s) registering your environments, importable from the app "
                        "folder: imported to generate shards, and the run's env-module")
-    local.add_argument("--episodes", type=int, default=5, help="episodes per generated shard")
-    local.add_argument("--rounds", type=int, default=None, help="num-server-rounds")
+    local.add_argument("--episodes", type=at_least(1), default=5,
+                       help="episodes per generated shard")
+    local.add_argument("--rounds", type=at_least(1), default=None, help="num-server-rounds")
     local.add_argument("--run-config", default="",
                        help="extra run config as 'k1=v1 k2=v2' (TOML values)")
     local.add_argument("--app", type=Path, default=None, help="Flower app folder")
     local.add_argument("--serve", action="store_true",
                        help="start, print how to connect, and run until Ctrl-C")
-    local.add_argument("--timeout", type=float, default=1800.0, help="seconds for the run")
+    local.add_argument("--timeout", type=number_in(0, None, low_open=True), default=1800.0,
+                       help="seconds for the run")
     local.set_defaults(func=cmd_local)
 
 
