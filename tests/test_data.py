@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from fedqhd.data import (
     pooled,
     save_shard,
 )
+from fedqhd.data.folder import shard_index
 from fedqhd.envs import get_spec
 
 
@@ -308,7 +311,7 @@ def test_load_rejects_unreadable_files(tmp_path: Path) -> None:
     np.savez(pickled, metadata=np.array([{"a": 1}], dtype=object))
     for path, message in [
         (tmp_path / "missing.npz", "no such file"),
-        (garbage, "cannot read as a .npz archive"),
+        (garbage, r"not a .npz archive \(no zip directory"),
         (npy, "not a .npz archive"),
         (pickled, "cannot read as a .npz archive"),
         (tmp_path, "is a directory|cannot read"),
@@ -407,8 +410,273 @@ def test_cli_generate_and_inspect(tmp_path: Path, capsys) -> None:
     assert "env mismatch" in capsys.readouterr().err
     (out / "shard-2.npz").write_bytes(b"x")
     assert fedqhd_main(["data", "inspect", str(out)]) == 1
-    assert "shard-2.npz: cannot read" in capsys.readouterr().err
+    assert "shard-2.npz: not a .npz archive" in capsys.readouterr().err
 
 
 def test_partitions_constant() -> None:
     assert PARTITIONS == ("iid", "behaviour-skew", "dynamics-skew")
+
+
+# ---------------------------------------------------------------- CLI: bad input
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    """Run ``fedqhd`` (an argparse refusal included); its exit code and stderr."""
+    try:
+        code = fedqhd_main(list(argv))
+    except SystemExit as exc:  # argparse: usage lines, then "error: argument ..."
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
+
+
+def one_line(err: str) -> str:
+    """The only line of ``err`` (no progress bar before it, no traceback)."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _generate(out: Path, n: int, *extra: str, env: str = "CartPole-v1") -> None:
+    assert fedqhd_main(["data", "generate", "--env", env, "--num-partitions", str(n),
+                        "--episodes", "1", "--out", str(out), *extra]) == 0
+
+
+def _transitions(path: Path, rows: slice = slice(None)) -> Path:
+    """A user's .npz of CartPole transitions (``rows`` of them) for ``data import``."""
+    shard = collect_shard("CartPole-v1", 3, 1.0, seed=0)
+    np.savez(path, **{k: getattr(shard, k)[rows] for k in ("observations", "actions",
+                                                            "rewards", "next_observations",
+                                                            "terminated", "truncated")})
+    return path
+
+
+def _import(npz: Path, out: Path, *extra: str) -> list[str]:
+    return ["data", "import", "--npz", str(npz), "--env", "CartPole-v1", "--out", str(out),
+            *extra]
+
+
+# mutation checked: without the `rows == 0` check in arrays._floats the zero-length case
+# says "cannot reshape array of size 0"; with read_npz's non-zip branch `return`ing (as
+# before) the text and empty files get numpy's "pickled (object) data ... allow_pickle"
+# line; without BadZipFile/EOFError in read_npz's except the bad CRC is a traceback
+@pytest.mark.parametrize(("damage", "message"), [
+    ("crc", r"cannot read as a .npz archive \(Bad CRC-32"),
+    ("truncated", r"not a .npz archive \(no zip directory"),
+    ("empty", r"not a .npz archive \(no zip directory"),
+    ("json", r"not a .npz archive \(no zip directory"),
+    ("zero rows", "observations: no transitions"),
+])
+def test_import_refuses_unreadable_or_empty_arrays_in_one_line(tmp_path: Path, capsys,
+                                                               damage: str,
+                                                               message: str) -> None:
+    npz = _transitions(tmp_path / "mine.npz", slice(0, 0) if damage == "zero rows"
+                       else slice(None))
+    data = npz.read_bytes()
+    if damage == "crc":
+        npz.write_bytes(data[:200] + bytes([data[200] ^ 0xFF]) + data[201:])
+    elif damage == "truncated":
+        npz.write_bytes(data[:-100])
+    elif damage == "empty":
+        npz.write_bytes(b"")
+    elif damage == "json":
+        npz.write_text(json.dumps({"shards": []}))
+    code, err = run_cli(capsys, *_import(npz, tmp_path / "out"))
+    assert code == 2 and re.search(message, one_line(err)), err
+    assert "allow_pickle" not in err and not (tmp_path / "out").exists()
+    if damage not in ("zero rows", "crc"):  # inspect says the same, one "invalid:" line
+        code, err = run_cli(capsys, "data", "inspect", str(npz))
+        assert code == 1 and re.search(message, one_line(err)) and "invalid: " in err
+
+
+# mutation checked: without writable_folder in _open_out a file as --out is "cannot write
+# there (File exists)", not "is a file"; without the OSError -> ConfigError there,
+# /proc/nope exits 1 via main's OSError line; with `type=Path` for --out, "" is the
+# current folder and shard-0.npz lands in it
+@pytest.mark.parametrize(("out", "message"), [
+    ("afile", "--out afile: afile is a file, not a folder"),
+    ("afile/sub", "--out afile/sub: afile is a file, not a folder"),
+    ("", "argument --out: expected a folder name, got ''"),
+    pytest.param("/proc/nope", "--out /proc/nope: cannot write there",
+                 marks=pytest.mark.skipif(not Path("/proc/self").exists(), reason="Linux")),
+])
+@pytest.mark.parametrize("command", ["generate", "import"])
+def test_an_output_folder_that_cannot_be_made_is_refused_up_front(
+        tmp_path: Path, capsys, monkeypatch, out: str, message: str, command: str) -> None:
+    npz = _transitions(tmp_path.parent / f"{tmp_path.name}.npz")
+    monkeypatch.chdir(tmp_path)
+    Path("afile").write_text("mine")
+    argv = (["data", "generate", "--episodes", "1", "--out", out] if command == "generate"
+            else _import(npz, Path(out)))
+    if out == "":
+        argv[-1] = ""
+    code, err = run_cli(capsys, *argv)
+    assert code == 2 and message in err.strip().splitlines()[-1], err
+    assert "shards:" not in err  # refused before the progress bar
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+# mutation checked: with --seed `type=int` again, generate (after its progress bar) and
+# import fail with "error: expected non-negative integer", naming no flag
+@pytest.mark.parametrize("command", ["generate", "import"])
+def test_a_negative_seed_is_refused_naming_the_flag(tmp_path: Path, capsys,
+                                                    command: str) -> None:
+    argv = (["data", "generate", "--episodes", "1", "--out", str(tmp_path / "s")]
+            if command == "generate" else _import(_transitions(tmp_path / "m.npz"),
+                                                  tmp_path / "s"))
+    code, err = run_cli(capsys, *argv, "--seed", "-1")
+    assert code == 2
+    assert err.strip().splitlines()[-1].endswith("argument --seed: must be >= 0, got -1")
+    assert not (tmp_path / "s").exists()
+
+
+# mutation checked: without the check_client_shards(...) call in cmd_generate, each error
+# comes after a "0/2" progress bar (two lines on stderr)
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--epsilon-min", "0.9", "--epsilon-max", "0.5"], "need 0 <= epsilon_min <= epsilon_max"),
+    (["--env", "FrozenLake-v1"], "FrozenLake-v1: no heuristic controller registered"),
+    (["--env", "fedqhd/Inventory-v0", "--env-module", "fedqhd.envs.inventory"],
+     "it has no EnvSpec"),
+])
+def test_generate_refuses_bad_settings_before_its_progress_bar(tmp_path: Path, capsys,
+                                                               extra: list[str],
+                                                               message: str) -> None:
+    code, err = run_cli(capsys, "data", "generate", "--num-partitions", "2", "--episodes", "1",
+                        "--out", str(tmp_path / "s"), *extra)
+    assert code == 2 and message in one_line(err)
+    assert not (tmp_path / "s").exists()
+
+
+def _interrupt_after(monkeypatch, calls: int) -> None:
+    """Ctrl-C during the next ``data generate``, after ``calls`` shards."""
+    import fedqhd.commands.data as data_cli
+
+    count = [0]
+
+    def generate(*args, **kwargs):
+        count[0] += 1
+        if count[0] > calls:
+            raise KeyboardInterrupt
+        return generate_client_shard(*args, **kwargs)
+
+    monkeypatch.setattr(data_cli, "generate_client_shard", generate)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+# mutation checked: with ShardSetWriter.__exit__ not removing the folder it created, the
+# new folder is left (holding the staging folder); with ShardSetWriter.path giving
+# `self.out / name` (writing in place, as before), the interrupted --force run has
+# replaced the old set's shard-0/1.npz
+def test_an_interrupted_generate_leaves_no_partial_set(tmp_path: Path, capsys,
+                                                       monkeypatch) -> None:
+    new, old = tmp_path / "new", tmp_path / "old"
+    _generate(old, 4)
+    before = _files(old)
+    _interrupt_after(monkeypatch, 2)
+    code, err = run_cli(capsys, "data", "generate", "--num-partitions", "5", "--episodes", "1",
+                        "--out", str(new))
+    assert code == 130 and err.strip().endswith("fedqhd data: interrupted")
+    assert not new.exists()
+    _interrupt_after(monkeypatch, 2)
+    code, _ = run_cli(capsys, "data", "generate", "--num-partitions", "3", "--episodes", "1",
+                      "--seed", "9", "--out", str(old), "--force")
+    assert code == 130 and _files(old) == before  # the old set, untouched
+    monkeypatch.undo()
+    _generate(new, 5)  # a rerun without --force: nothing in the way
+    assert fedqhd_main(["data", "inspect", str(new)]) == 0
+
+
+# mutation checked: without the loop removing the old set's shards in
+# ShardSetWriter.commit, shard-1/2.npz stay and inspect exits 1 ("beyond num_partitions");
+# with would_replace listing the manifest only, the stale shard-5.npz (of a set without
+# one) is no reason to refuse
+@pytest.mark.parametrize("command", ["generate", "import"])
+def test_force_leaves_exactly_the_new_set(tmp_path: Path, capsys, command: str) -> None:
+    out = tmp_path / "s"
+    _generate(out, 3)
+    (out / "notes.txt").write_text("mine")
+    (out / "shard-0.npz.bak").write_bytes(b"mine")
+    if command == "generate":
+        _generate(out, 1, "--force")
+    else:
+        assert fedqhd_main(_import(_transitions(tmp_path / "m.npz"), out, "--force")) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "notes.txt",
+                                                     "shard-0.npz", "shard-0.npz.bak"]
+    capsys.readouterr()
+    assert fedqhd_main(["data", "inspect", str(out)]) == 0
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    save_shard(load_shard(out / "shard-0.npz"), stale / "shard-5.npz")
+    code, err = run_cli(capsys, "data", "generate", "--num-partitions", "2", "--episodes", "1",
+                        "--out", str(stale))
+    assert code == 2 and "would overwrite shard-5.npz (use --force" in one_line(err)
+
+
+def _damage(folder: Path, acrobot: Path, case: str) -> None:
+    """Make the 3-shard CartPole folder ``folder`` inconsistent in one way."""
+    if case == "missing":
+        (folder / "shard-1.npz").unlink()
+    elif case == "twice":
+        shutil.copy(folder / "shard-0.npz", folder / "shard-1.npz")
+    elif case == "mixed envs":
+        shutil.copy(acrobot / "shard-2.npz", folder / "shard-2.npz")
+        (folder / "manifest.json").unlink()
+    elif case == "4 of 50":
+        for p in folder.iterdir():
+            p.unlink()
+        _generate(folder, 50, "--force")
+        for p in folder.iterdir():
+            if p.name == "manifest.json" or shard_index(p) >= 4:
+                p.unlink()
+    elif case == "changed":
+        shard = load_shard(folder / "shard-1.npz")
+        shard.metadata["note"] = "edited"
+        save_shard(shard, folder / "shard-1.npz")
+    elif case == "manifest":
+        (folder / "manifest.json").write_text("{not json")
+    elif case == "fewer in manifest":
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["settings"]["num_partitions"] = 2
+        manifest["shards"] = manifest["shards"][:2]
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+# mutation checked, one at a time: without `_disagreements(valid)` in folder_problems,
+# "mixed envs" passes; without `_partition_ids(valid)`, "twice" reports only the sha256
+# line; without the `missing` block, "missing" and "4 of 50" pass; without the sha256
+# comparison in _manifest_problems, "changed" passes
+@pytest.mark.parametrize(("case", "lines"), [
+    ("missing", ["missing 1 of 3 shards: shard-1.npz"]),
+    ("twice", ["shard-1.npz holds partition 0 (its metadata's partition_id), which clients "
+               "load from shard-0.npz", "partition 0 is in 2 files: shard-0.npz, shard-1.npz",
+               "sha256 differs from manifest.json's (changed since it was written): "
+               "shard-1.npz"]),
+    ("mixed envs", ['the shards disagree on env_id: "CartPole-v1" (shard-0.npz, shard-1.npz); '
+                    '"Acrobot-v1" (shard-2.npz)']),
+    ("4 of 50", ["missing 46 of 50 shards: shard-4.npz, shard-5.npz, shard-6.npz, shard-7.npz,"
+                 " shard-8.npz and 41 more"]),
+    ("changed", ["sha256 differs from manifest.json's (changed since it was written): "
+                 "shard-1.npz"]),
+    ("manifest", ["manifest.json: cannot be read as JSON (Expecting property name enclosed "
+                  "in double quotes: line 1 column 2 (char 1))"]),
+    ("fewer in manifest", ["manifest.json says num_partitions = 2, the shards 3",
+                           "beyond num_partitions = 2: shard-2.npz",
+                           "not in manifest.json: shard-2.npz"]),
+])
+def test_inspect_reports_each_inconsistency_of_a_folder(tmp_path: Path, capsys, case: str,
+                                                        lines: list[str]) -> None:
+    folder, acrobot = tmp_path / "s", tmp_path / "acrobot"
+    _generate(folder, 3)
+    _generate(acrobot, 3, env="Acrobot-v1")
+    capsys.readouterr()
+    assert fedqhd_main(["data", "inspect", str(folder)]) == 0
+    assert capsys.readouterr().err == ""
+    _damage(folder, acrobot, case)
+    capsys.readouterr()
+    assert fedqhd_main(["data", "inspect", str(folder)]) == 1
+    assert capsys.readouterr().err.splitlines() == [f"inconsistent: {folder}: {line}"
+                                                    for line in lines]
+    single = sorted(folder.glob("shard-*.npz"))[-1]  # a file alone: as before
+    assert fedqhd_main(["data", "inspect", str(single)]) == 0

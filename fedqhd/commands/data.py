@@ -3,8 +3,10 @@
 ``fedqhd data generate --env CartPole-v1 --num-partitions 10 --out shards/`` writes
 ``shards/shard-<i>.npz`` (what ``client_shard(data_dir=...)`` loads) and
 ``shards/manifest.json`` (the settings and a summary and sha256 of every file).
-``fedqhd data inspect PATH`` validates a shard file, or every shard in a folder,
-and prints a summary; it exits with 1 on the first invalid file.
+``fedqhd data inspect PATH`` validates a shard file, or every shard in a folder and
+that the folder is one complete, consistent set (:func:`fedqhd.data.folder.folder_problems`:
+no shard missing or doubled, one env and one setting, the manifest's sha256 values),
+and prints a summary; it exits with 1 if a file is invalid or the folder inconsistent.
 ``fedqhd data import --npz FILE --env ID --num-partitions N --out DIR`` turns a
 user's own transitions (arrays named as in the shard schema; ``episode_ids``
 optional) into the same shard folder (:func:`fedqhd.data.shards_from_arrays`);
@@ -13,12 +15,14 @@ optional) into the same shard folder (:func:`fedqhd.data.shards_from_arrays`);
 (:mod:`fedqhd.data.minari_io`, extra ``minari``).
 ``--env-module MODULE`` imports a module that registers the user's environments
 first (as the run-config key ``env-module`` does in a run).
+
+Every setting, the output folder and a Minari id are checked before any work; a run
+that fails or is interrupted leaves no partial shard set (:class:`ShardSetWriter`).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -27,7 +31,22 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from fedqhd.data.partition import PARTITIONS, generate_client_shard, shard_filename
+from fedqhd.commands.args import at_least, number_in, writable_folder
+from fedqhd.data.folder import (
+    MANIFEST_NAME,
+    ShardSetWriter,
+    folder_problems,
+    name_list,
+    sha256,
+    shard_files,
+    would_replace,
+)
+from fedqhd.data.partition import (
+    PARTITIONS,
+    check_client_shards,
+    generate_client_shard,
+    shard_filename,
+)
 from fedqhd.data.shard import (
     FORMAT_VERSION,
     VALUE_CHECKS,
@@ -35,14 +54,16 @@ from fedqhd.data.shard import (
     ShardError,
     ShardLimits,
     load_shard,
+    read_npz,
     save_shard,
 )
 from fedqhd.envs import get_spec, is_registered, load_env_modules
-from fedqhd.files import atomic_write
 
 __all__ = ["MANIFEST_NAME", "register"]
 
-MANIFEST_NAME = "manifest.json"
+#: what ``import --npz`` reads: a user's arrays, of any number of rows (the shards made
+#: from them are checked as shards), still refused when a zip bomb or a forged header
+IMPORT_LIMITS = ShardLimits(max_transitions=sys.maxsize)
 
 
 ENV_HELP = "a registered env id (the four tasks, or one registered by --env-module)"
@@ -54,15 +75,29 @@ VALUE_CHECK_HELP = ("values far outside the env's bounds: refuse (default), warn
                     "keep) or off (as run-config key value-check; docs/data.md)")
 
 
-def _would_overwrite(out: Path, targets: list[Path], force: bool) -> bool:
-    """Whether writing the shard files ``targets`` and the manifest to ``out`` would
-    replace files (and ``force`` is off); says which on stderr."""
-    existing = [str(p) for p in [*targets, out / MANIFEST_NAME] if p.exists()]
-    if existing and not force:
-        print(f"error: would overwrite {', '.join(existing)} (use --force, or another "
-              "--out folder)", file=sys.stderr)
-        return True
-    return False
+def _folder_name(text: str) -> Path:
+    """An argparse type: an output folder's name. An empty one is refused here, since as a
+    ``Path`` it would be ``.``: the current folder, written into silently."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder name, got {text!r}")
+    return Path(text)
+
+
+def _open_out(out: Path, force: bool) -> ShardSetWriter:
+    """The writer of a new shard set in ``--out``, after refusing
+    (:class:`~fedqhd.config.ConfigError`, naming ``--out``) a folder that is a file or
+    cannot be made, and, without ``--force``, one that holds a shard set already."""
+    from fedqhd.config import ConfigError
+
+    writable_folder("--out", out)
+    replaced = would_replace(out)
+    if replaced and not force:
+        raise ConfigError(f"--out {out}: would overwrite {name_list(replaced)} (use --force, "
+                          "or another --out folder)")
+    try:
+        return ShardSetWriter.open(out)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -74,16 +109,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--env", default="CartPole-v1", help=ENV_HELP)
     gen.add_argument("--env-module", default="", help=ENV_MODULE_HELP)
     gen.add_argument("--partition", default="behaviour-skew", choices=PARTITIONS)
-    gen.add_argument("--num-partitions", type=int, default=5, help="number of clients")
-    gen.add_argument("--episodes", type=int, default=5, help="episodes per client")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--epsilon-min", type=float, default=0.8)
-    gen.add_argument("--epsilon-max", type=float, default=1.0)
-    gen.add_argument("--out", required=True, type=Path, help="output folder")
-    gen.add_argument("--force", action="store_true", help="overwrite existing shard files")
+    gen.add_argument("--num-partitions", type=at_least(1), default=5, help="number of clients")
+    gen.add_argument("--episodes", type=at_least(1), default=5, help="episodes per client")
+    gen.add_argument("--seed", type=at_least(0), default=0)
+    gen.add_argument("--epsilon-min", type=number_in(0, 1), default=0.8)
+    gen.add_argument("--epsilon-max", type=number_in(0, 1), default=1.0)
+    gen.add_argument("--out", required=True, type=_folder_name, help="output folder")
+    gen.add_argument("--force", action="store_true",
+                     help="replace the shard set in --out (its shard-<i>.npz and manifest)")
     gen.set_defaults(func=cmd_generate)
 
-    ins = sub.add_parser("inspect", help="validate shard file(s) and print a summary")
+    ins = sub.add_parser("inspect", help="validate shard file(s), and that a folder is one "
+                         "complete set, and print a summary")
     ins.add_argument("path", type=Path, help="a shard .npz, or a folder of shard-<i>.npz")
     ins.add_argument("--env", default=None, help="require this environment")
     ins.add_argument("--env-module", default="", help=ENV_MODULE_HELP)
@@ -104,15 +141,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument("--env", default=None,
                      help=ENV_HELP + "; required with --npz, with --minari the dataset's env")
     imp.add_argument("--env-module", default="", help=ENV_MODULE_HELP)
-    imp.add_argument("--num-partitions", type=int, default=1, help="number of clients")
+    imp.add_argument("--num-partitions", type=at_least(1), default=1, help="number of clients")
     imp.add_argument("--partition-key", default=None, metavar="ARRAY",
                      help="name of an array in the .npz giving each transition's client "
                      "(default: whole episodes dealt iid with --seed)")
-    imp.add_argument("--seed", type=int, default=0)
+    imp.add_argument("--seed", type=at_least(0), default=0)
     imp.add_argument("--value-check", default="refuse", choices=VALUE_CHECKS,
                      help=VALUE_CHECK_HELP)
-    imp.add_argument("--out", required=True, type=Path, help="output folder")
-    imp.add_argument("--force", action="store_true", help="overwrite existing shard files")
+    imp.add_argument("--out", required=True, type=_folder_name, help="output folder")
+    imp.add_argument("--force", action="store_true",
+                     help="replace the shard set in --out (its shard-<i>.npz and manifest)")
     imp.set_defaults(func=cmd_import)
 
     exp = sub.add_parser("export", help="write a shard folder as a local Minari dataset")
@@ -139,22 +177,17 @@ def _load_env(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     """Generate every client's shard into ``args.out``; return the exit code."""
-    if args.num_partitions < 1 or args.episodes < 1:
-        print("error: --num-partitions and --episodes must be >= 1", file=sys.stderr)
-        return 2
     problem = _load_env(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    out: Path = args.out
-    targets = [out / shard_filename(i) for i in range(args.num_partitions)]
-    if _would_overwrite(out, targets, args.force):
+    try:  # every client's settings, before the progress bar starts
+        check_client_shards(args.env, args.partition, args.num_partitions, args.episodes,
+                            args.seed, args.epsilon_min, args.epsilon_max)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     settings = {
         "env_id": args.env,
@@ -165,38 +198,32 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "epsilon_min": args.epsilon_min,
         "epsilon_max": args.epsilon_max,
     }
-    entries = []
-    try:
-        for i, path in enumerate(tqdm(targets, desc=f"{args.env} shards", unit="shard")):
-            shard = generate_client_shard(
-                args.env,
-                args.partition,
-                i,
-                args.num_partitions,
-                args.episodes,
-                args.seed,
-                args.epsilon_min,
-                args.epsilon_max,
-            )
-            save_shard(shard, path)
-            entries.append(
-                {
-                    "file": path.name,
-                    "partition_id": i,
-                    "n_transitions": shard.n_transitions,
-                    "n_episodes": shard.n_episodes,
-                    "epsilon": shard.metadata["behaviour"]["epsilon"],
-                    "dynamics": shard.metadata["dynamics"],
-                    "sha256": _sha256(path),
-                }
-            )
-    except ValueError as exc:  # invalid settings
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    manifest = {"format_version": FORMAT_VERSION, "settings": settings, "shards": entries}
-    atomic_write(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+    entries: list[dict[str, Any]] = []
+    with _open_out(args.out, args.force) as writer:
+        try:
+            names = [shard_filename(i) for i in range(args.num_partitions)]
+            for i, name in enumerate(tqdm(names, desc=f"{args.env} shards", unit="shard")):
+                shard = generate_client_shard(
+                    args.env,
+                    args.partition,
+                    i,
+                    args.num_partitions,
+                    args.episodes,
+                    args.seed,
+                    args.epsilon_min,
+                    args.epsilon_max,
+                )
+                entries.append({**_entry(i, shard, save_shard(shard, writer.path(name))),
+                                "epsilon": shard.metadata["behaviour"]["epsilon"],
+                                "dynamics": shard.metadata["dynamics"]})
+        except ValueError as exc:  # a shard the env's bounds refuse (a user's env)
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        writer.commit({"format_version": FORMAT_VERSION, "settings": settings,
+                       "shards": entries})
     total = sum(e["n_transitions"] for e in entries)
-    print(f"wrote {len(entries)} shards ({total} transitions) and {MANIFEST_NAME} to {out}")
+    print(f"wrote {len(entries)} shards ({total} transitions) and {MANIFEST_NAME} to "
+          f"{args.out}")
     return 0
 
 
@@ -219,13 +246,6 @@ def summarize(shard: Shard) -> str:
     return "\n".join(lines)
 
 
-def _shard_files(path: Path) -> list[Path]:
-    """``path`` itself, or the ``shard-<i>.npz`` files in the folder ``path``, in order."""
-    if not path.is_dir():
-        return [path]
-    return sorted(path.glob("shard-*.npz"), key=lambda p: (len(p.name), p.name))
-
-
 def _env_and_shard_files(args: argparse.Namespace) -> list[Path] | int:
     """Import ``--env-module``, check ``--env`` and list the shard files at ``args.path``;
     an exit code (after saying why) when one of those fails."""
@@ -233,7 +253,7 @@ def _env_and_shard_files(args: argparse.Namespace) -> list[Path] | int:
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    files = _shard_files(args.path)
+    files = shard_files(args.path)
     if not files:
         print(f"error: {args.path}: no shard-*.npz files", file=sys.stderr)
         return 1
@@ -241,28 +261,43 @@ def _env_and_shard_files(args: argparse.Namespace) -> list[Path] | int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    """Validate and summarise ``args.path`` (file or folder); return the exit code."""
+    """Validate and summarise ``args.path`` (file or folder), and check a folder is one
+    consistent set; return the exit code (1: a file invalid or the set inconsistent)."""
     files = _env_and_shard_files(args)
     if isinstance(files, int):
         return files
+    metadata: dict[Path, dict[str, Any] | None] = {}
     for file in files:
         try:
             shard = load_shard(file, expected_env_id=args.env,
                                limits=ShardLimits(value_check=args.value_check))
         except ShardError as exc:
             print(f"invalid: {exc}", file=sys.stderr)
-            return 1
+            metadata[file] = None
+            continue
+        metadata[file] = shard.metadata
         print(f"{file}: ok" + "".join(f"\n  flagged: {flag}" for flag in shard.value_flags))
         print(summarize(shard))
-    return 0
+    problems = folder_problems(args.path, metadata) if args.path.is_dir() else []
+    for problem in problems:
+        print(f"inconsistent: {args.path}: {problem}", file=sys.stderr)
+    if args.path.is_dir() and not (args.path / MANIFEST_NAME).exists():
+        print(f"note: {args.path} has no {MANIFEST_NAME}, so the files' sha256 are not checked")
+    return 1 if problems or None in metadata.values() else 0
 
 
-def _read_npz(path: Path) -> dict[str, np.ndarray]:
+def _check_minari(args: argparse.Namespace) -> str | None:
+    """Check ``--minari``'s id (and that the extra is installed); an error message, or
+    None. Before anything is made: Minari makes a folder named after a malformed id."""
+    if args.minari is None:
+        return None
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {key: npz[key] for key in npz.files}
-    except (OSError, ValueError) as exc:
-        raise ShardError(f"{path}: cannot read a .npz archive ({exc})") from exc
+        from fedqhd.data.minari_io import check_dataset_id
+
+        check_dataset_id(args.minari)
+    except (ImportError, ShardError) as exc:
+        return f"--minari: {exc}"
+    return None
 
 
 def _read_minari(args: argparse.Namespace) -> dict[str, np.ndarray]:
@@ -279,68 +314,75 @@ def _read_minari(args: argparse.Namespace) -> dict[str, np.ndarray]:
     return arrays_from_minari(args.minari, args.minari_root)
 
 
-def cmd_import(args: argparse.Namespace) -> int:
-    """Turn ``args.npz``'s arrays (or the Minari dataset ``args.minari``) into shards in
-    ``args.out``; return the exit code."""
+def _imported_shards(args: argparse.Namespace, source: str) -> tuple[list[Shard], int]:
+    """The shards of ``--npz`` or ``--minari`` and how many transitions the source has;
+    raises ``ShardError`` / ``ValueError`` / ``ImportError`` saying what is wrong."""
     from fedqhd.data.arrays import shards_from_arrays
 
-    problem = _load_env(args)
-    if args.npz is not None and args.env is None:
-        problem = problem or "--env is required with --npz"
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    if args.num_partitions < 1:
-        print("error: --num-partitions must be >= 1", file=sys.stderr)
-        return 2
-    out: Path = args.out
-    targets = [out / shard_filename(i) for i in range(args.num_partitions)]
-    if _would_overwrite(out, targets, args.force):
-        return 2
-    source = str(args.npz) if args.npz is not None else f"minari:{args.minari}"
-    try:
-        arrays = _read_npz(args.npz) if args.npz is not None else _read_minari(args)
-    except (ImportError, ShardError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    arrays = read_npz(args.npz, IMPORT_LIMITS) if args.npz is not None else _read_minari(args)
     names = ("observations", "actions", "rewards", "next_observations", "terminated",
              "truncated")
     missing = [k for k in names if k not in arrays]
     if args.partition_key and args.partition_key not in arrays:
         missing.append(args.partition_key)
     if missing:
-        print(f"error: {source} lacks arrays: {', '.join(missing)} (has: "
-              f"{', '.join(sorted(arrays))})", file=sys.stderr)
+        raise ShardError(f"{source} lacks arrays: {', '.join(missing)} (has: "
+                         f"{', '.join(sorted(arrays))})")
+    shards = shards_from_arrays(**{k: arrays[k] for k in names},
+                                episode_ids=arrays.get("episode_ids"), env_id=args.env,
+                                num_partitions=args.num_partitions,
+                                partition=arrays[args.partition_key] if args.partition_key
+                                else "iid", seed=args.seed, metadata={"source": source},
+                                value_check=args.value_check)
+    return shards, len(arrays["actions"])
+
+
+def _entry(partition_id: int, shard: Shard, path: Path) -> dict[str, Any]:
+    """A shard's entry in the manifest."""
+    return {"file": path.name, "partition_id": partition_id,
+            "n_transitions": shard.n_transitions, "n_episodes": shard.n_episodes,
+            "sha256": sha256(path)}
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Turn ``args.npz``'s arrays (or the Minari dataset ``args.minari``) into shards in
+    ``args.out``; return the exit code."""
+    problem = _load_env(args)
+    if args.npz is not None and args.env is None:
+        problem = problem or "--env is required with --npz"
+    problem = problem or _check_minari(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    partition = arrays[args.partition_key] if args.partition_key else "iid"
-    try:
-        shards = shards_from_arrays(**{k: arrays[k] for k in names},
-                                    episode_ids=arrays.get("episode_ids"), env_id=args.env,
-                                    num_partitions=args.num_partitions,
-                                    partition=partition, seed=args.seed,
-                                    metadata={"source": source},
-                                    value_check=args.value_check)
-        entries: list[dict[str, Any]] = []
-        for i, (shard, path) in enumerate(zip(shards, targets, strict=True)):
-            save_shard(shard, path, value_check=args.value_check)
-            entries.append({"file": path.name, "partition_id": i,
-                            "n_transitions": shard.n_transitions,
-                            "n_episodes": shard.n_episodes, "sha256": _sha256(path)})
-    except ValueError as exc:  # ShardError included
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    settings = {"env_id": args.env, "source": source, "num_partitions": args.num_partitions,
-                "partition": args.partition_key or "iid", "seed": args.seed}
-    manifest = {"format_version": FORMAT_VERSION, "settings": settings, "shards": entries}
-    atomic_write(out / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+    source = str(args.npz) if args.npz is not None else f"minari:{args.minari}"
+    with _open_out(args.out, args.force) as writer:
+        try:
+            shards, available = _imported_shards(args, source)
+            entries = [_entry(i, shard, save_shard(shard, writer.path(shard_filename(i)),
+                                                   value_check=args.value_check))
+                       for i, shard in enumerate(shards)]
+        except (ImportError, ValueError) as exc:  # ShardError included
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        settings = {"env_id": args.env, "source": source,
+                    "num_partitions": args.num_partitions,
+                    "partition": args.partition_key or "iid", "seed": args.seed}
+        writer.commit({"format_version": FORMAT_VERSION, "settings": settings,
+                       "shards": entries})
     total = sum(e["n_transitions"] for e in entries)
-    print(f"wrote {len(entries)} shards ({total} transitions of {len(arrays['actions'])}) and "
-          f"{MANIFEST_NAME} to {out}")
+    print(f"wrote {len(entries)} shards ({total} transitions of {available}) and "
+          f"{MANIFEST_NAME} to {args.out}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the shards at ``args.path`` as the Minari dataset ``args.minari``."""
+    problem = _check_minari(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if args.minari_root is not None:
+        writable_folder("--minari-root", Path(args.minari_root))
     files = _env_and_shard_files(args)
     if isinstance(files, int):
         return files

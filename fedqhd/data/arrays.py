@@ -42,6 +42,8 @@ def _floats(name: str, value: Any, shape: tuple[int, ...], n: int | None) -> np.
     if arr.ndim == 0 or (n is not None and rows != n):
         raise ShardError(f"{name}: expected {n if n is not None else 'N'} rows, got shape "
                          f"{arr.shape}")
+    if rows == 0:  # before the reshape below, which cannot infer a row length from 0 rows
+        raise ShardError(f"{name}: no transitions (shape {arr.shape})")
     if arr.shape[1:] != shape:
         flat = int(np.prod(arr.shape[1:], dtype=np.int64)) if arr.ndim > 1 else 1
         if flat != int(np.prod(shape, dtype=np.int64)):
@@ -208,8 +210,6 @@ def shards_from_arrays(
     num_partitions = int(num_partitions)
     obs = _floats("observations", observations, spec.observation_shape, None)
     n = obs.shape[0]
-    if n == 0:
-        raise ShardError("observations: no transitions")
     arrays = {
         "observations": obs,
         "actions": _integers("actions", actions, n),

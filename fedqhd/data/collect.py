@@ -13,6 +13,7 @@ import numpy as np
 
 from fedqhd.data.shard import FORMAT_VERSION, Shard
 from fedqhd.envs import (
+    EnvSpec,
     episode_seeds,
     get_spec,
     has_heuristic,
@@ -24,12 +25,34 @@ from fedqhd.envs import (
 from fedqhd.envs.classic import validate_dynamics
 from fedqhd.seeding import behaviour_rng
 
-__all__ = ["BEHAVIOUR_KIND", "collect_shard"]
+__all__ = ["BEHAVIOUR_KIND", "check_collection", "collect_shard"]
 
 #: ``metadata["behaviour"]["kind"]`` of shards written by :func:`collect_shard`
 BEHAVIOUR_KIND = "epsilon-heuristic"
 #: ... and of those collected around a given policy (``policy=``)
 POLICY_BEHAVIOUR_KIND = "epsilon-policy"
+
+
+def check_collection(
+    env_id: str,
+    n_episodes: int,
+    epsilon: float | Sequence[float] | np.ndarray,
+    dynamics: dict[str, float] | None = None,
+    has_policy: bool = False,
+) -> tuple[EnvSpec, np.ndarray, dict[str, float]]:
+    """Raise the ``ValueError`` :func:`collect_shard` would for these arguments, without
+    collecting anything (so a command refuses bad settings before a long run starts);
+    returns the env's spec, each episode's epsilon and the complete dynamics."""
+    spec = get_spec(env_id)
+    if int(n_episodes) != n_episodes or n_episodes < 1:
+        raise ValueError(f"n_episodes must be a positive integer, got {n_episodes!r}")
+    per_episode = np.broadcast_to(np.asarray(epsilon, dtype=float), (int(n_episodes),))
+    if not np.all((per_episode >= 0.0) & (per_episode <= 1.0)):
+        raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
+    if not has_policy and per_episode.min() < 1.0 and not has_heuristic(env_id):
+        raise ValueError(f"{env_id}: no heuristic controller registered, so epsilon must be "
+                         f"1.0 (uniform random behaviour), got {epsilon!r}")
+    return spec, per_episode, validate_dynamics(env_id, dynamics)
 
 
 def collect_shard(
@@ -74,16 +97,8 @@ def collect_shard(
         With metadata ``format_version``, ``env_id``, ``behaviour``, ``seed``,
         ``dynamics`` (complete, defaults filled in), ``n_episodes`` and ``env_spec``.
     """
-    spec = get_spec(env_id)
-    if int(n_episodes) != n_episodes or n_episodes < 1:
-        raise ValueError(f"n_episodes must be a positive integer, got {n_episodes!r}")
-    per_episode = np.broadcast_to(np.asarray(epsilon, dtype=float), (int(n_episodes),))
-    if not np.all((per_episode >= 0.0) & (per_episode <= 1.0)):
-        raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
-    if policy is None and per_episode.min() < 1.0 and not has_heuristic(env_id):
-        raise ValueError(f"{env_id}: no heuristic controller registered, so epsilon must be "
-                         f"1.0 (uniform random behaviour), got {epsilon!r}")
-    params = validate_dynamics(env_id, dynamics)
+    spec, per_episode, params = check_collection(env_id, n_episodes, epsilon, dynamics,
+                                                 policy is not None)
     metadata: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "env_id": env_id,

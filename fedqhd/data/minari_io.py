@@ -16,6 +16,7 @@ the dataset folder, as in Minari itself.
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,7 +28,8 @@ import numpy as np
 from fedqhd.data.shard import Shard, ShardError
 from fedqhd.envs import get_spec
 
-__all__ = ["INSTALL_HINT", "arrays_from_minari", "export_to_minari", "minari_env_id"]
+__all__ = ["INSTALL_HINT", "arrays_from_minari", "check_dataset_id", "datasets_folder",
+           "export_to_minari", "minari_env_id"]
 
 INSTALL_HINT = 'Minari support needs the extra: pip install "fedqhd[minari]"'
 
@@ -44,6 +46,32 @@ def _minari() -> Any:
     return minari
 
 
+def check_dataset_id(dataset_id: str) -> str:
+    """Refuse an id that is not ``(namespace/)name-vN`` before Minari sees it: Minari
+    would raise a traceback, and on export first create a folder named after the id,
+    whose presence breaks every later listing of that datasets folder."""
+    _minari()  # the install hint, where the extra is missing
+    from minari.dataset.minari_dataset import parse_dataset_id
+
+    try:
+        version = parse_dataset_id(dataset_id)[2]
+    except (TypeError, ValueError):  # minari 0.5 raises TypeError for a missing -vN
+        version = None
+    if version is None:
+        raise ShardError(f"{dataset_id!r} is not a Minari dataset id: ids are "
+                         "(namespace/)name-v<version>, e.g. cartpole/fedqhd-v0")
+    return dataset_id
+
+
+def datasets_folder(root: str | os.PathLike[str] | None = None) -> Path:
+    """The folder Minari keeps its datasets in: ``root``, else ``$MINARI_DATASETS_PATH``,
+    else ``~/.minari/datasets`` (as Minari decides it)."""
+    if root is not None:
+        return Path(root).expanduser().resolve()
+    env = os.environ.get("MINARI_DATASETS_PATH")
+    return Path(env) if env is not None else Path.home() / ".minari" / "datasets"
+
+
 @contextmanager
 def _datasets_root(root: str | os.PathLike[str] | None) -> Iterator[None]:
     """Point Minari at ``root`` for the duration (it reads ``MINARI_DATASETS_PATH``)."""
@@ -51,7 +79,7 @@ def _datasets_root(root: str | os.PathLike[str] | None) -> Iterator[None]:
         yield
         return
     old = os.environ.get("MINARI_DATASETS_PATH")
-    os.environ["MINARI_DATASETS_PATH"] = str(Path(root).expanduser().resolve())
+    os.environ["MINARI_DATASETS_PATH"] = str(datasets_folder(root))
     try:
         yield
     finally:
@@ -61,16 +89,30 @@ def _datasets_root(root: str | os.PathLike[str] | None) -> Iterator[None]:
             os.environ["MINARI_DATASETS_PATH"] = old
 
 
+def _local_datasets(minari: Any) -> dict[str, Any]:
+    """Minari's local datasets (of ``MINARI_DATASETS_PATH``, which Minari creates if
+    missing); a folder there that Minari cannot parse is one error, not a traceback."""
+    try:
+        return dict(minari.list_local_datasets())
+    except (TypeError, ValueError) as exc:
+        raise ShardError(f"minari cannot list the datasets in {datasets_folder()} ({exc}); "
+                         "is there a folder that is not a dataset?") from None
+
+
 def _load(dataset_id: str, root: str | os.PathLike[str] | None) -> Any:
+    """The local dataset ``dataset_id``; the datasets folder is never created."""
     minari = _minari()
+    check_dataset_id(dataset_id)
+    folder = datasets_folder(root)
     with _datasets_root(root):
-        local = minari.list_local_datasets()
+        local = _local_datasets(minari) if folder.is_dir() else {}
         if dataset_id not in local:
-            where = os.environ.get("MINARI_DATASETS_PATH", "~/.minari/datasets")
+            found = (f"local: {', '.join(sorted(local)) or 'none'}" if folder.is_dir() else
+                     "not a folder" if folder.exists() else "no such folder")
             raise ShardError(
-                f"minari dataset {dataset_id!r} is not in {root or where} (local: "
-                f"{', '.join(sorted(local)) or 'none'}); nothing is downloaded at run time: "
-                f"run `minari download {dataset_id}` first, or give --minari-root")
+                f"minari dataset {dataset_id!r} is not in {folder} ({found}); nothing is "
+                f"downloaded at run time: run `minari download {dataset_id}` first, or give "
+                "--minari-root")
         return minari.load_dataset(dataset_id, download=False)
 
 
@@ -150,27 +192,43 @@ def export_to_minari(shards: Sequence[Shard], dataset_id: str,
     ``minari`` can rebuild the env where gymnasium knows it).
     """
     minari = _minari()
+    check_dataset_id(dataset_id)
     if not shards:
         raise ShardError("no shards to export")
     env_id = env_id or shards[0].env_id
     buffers = _episode_buffers(shards, env_id)
+    target = datasets_folder(root) / dataset_id
+    # the first folder on the way to the dataset's that this export makes: removed again
+    # if it fails, so no half-written dataset is left to break later listings
+    created = next((p for p in (*reversed(target.parents), target) if not p.exists()), None)
     with _datasets_root(root), warnings.catch_warnings():
         # minari asks for author, e-mail, eval env "for longevity": not ours to invent
         warnings.filterwarnings("ignore", message=".*is set to None.*", category=UserWarning)
-        if dataset_id in minari.list_local_datasets():
-            raise ShardError(f"minari dataset {dataset_id!r} exists; choose another id or "
-                             "delete it first (`minari delete ID`)")
-        import gymnasium as gym
+        try:
+            if created is None or dataset_id in _local_datasets(minari):
+                raise ShardError(f"minari dataset {dataset_id!r} exists ({target}); choose "
+                                 "another id or delete it first (`minari delete ID`)")
+            return _create_dataset(minari, dataset_id, buffers, env_id, description or
+                                   f"fedqhd shards of {env_id} ({len(shards)} clients)")
+        except BaseException:
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
+            raise
 
-        if env_id in gym.registry:  # minari takes the spaces from the env itself
-            return minari.create_dataset_from_buffers(
-                dataset_id=dataset_id, buffer=buffers, env=env_id,
-                algorithm_name="fedqhd export", description=description or
-                f"fedqhd shards of {env_id} ({len(shards)} clients)")
-        spec = get_spec(env_id)
-        low = np.full(spec.observation_shape, -np.inf, dtype=np.float32)
+
+def _create_dataset(minari: Any, dataset_id: str, buffers: list[Any], env_id: str,
+                    description: str) -> Any:
+    """Minari's ``create_dataset_from_buffers``, with the spaces from the env where
+    gymnasium knows it, else from fedqhd's spec."""
+    import gymnasium as gym
+
+    if env_id in gym.registry:  # minari takes the spaces from the env itself
         return minari.create_dataset_from_buffers(
-            dataset_id=dataset_id, buffer=buffers, algorithm_name="fedqhd export",
-            observation_space=gym.spaces.Box(low, -low, dtype=np.float32),
-            action_space=gym.spaces.Discrete(spec.n_actions),
-            description=description or f"fedqhd shards of {env_id} ({len(shards)} clients)")
+            dataset_id=dataset_id, buffer=buffers, env=env_id,
+            algorithm_name="fedqhd export", description=description)
+    spec = get_spec(env_id)
+    low = np.full(spec.observation_shape, -np.inf, dtype=np.float32)
+    return minari.create_dataset_from_buffers(
+        dataset_id=dataset_id, buffer=buffers, algorithm_name="fedqhd export",
+        observation_space=gym.spaces.Box(low, -low, dtype=np.float32),
+        action_space=gym.spaces.Discrete(spec.n_actions), description=description)

@@ -29,7 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from fedqhd.data.collect import collect_shard
+from fedqhd.data.collect import check_collection, collect_shard
 from fedqhd.data.shard import (
     FORMAT_VERSION,
     Shard,
@@ -44,6 +44,7 @@ from fedqhd.seeding import dynamics_rng, shard_seed
 __all__ = [
     "CACHE_ENV_VAR",
     "PARTITIONS",
+    "check_client_shards",
     "client_shard",
     "default_cache_dir",
     "generate_client_shard",
@@ -179,6 +180,24 @@ def generate_client_shard(
             "epsilon_max": float(epsilon_max),
         },
     )
+
+
+def check_client_shards(
+    env_id: str,
+    partition: str,
+    num_partitions: int,
+    episodes: int,
+    seed: int,
+    epsilon_min: float = 0.8,
+    epsilon_max: float = 1.0,
+) -> None:
+    """Raise the ``ValueError`` :func:`generate_client_shard` would raise for any client
+    of these settings, without collecting anything (``fedqhd data generate`` refuses bad
+    settings before its first shard, not after)."""
+    for partition_id in range(max(num_partitions, 1)):  # 0 partitions: refused by the first
+        settings = partition_settings(partition, partition_id, num_partitions, seed,
+                                      epsilon_min, epsilon_max, env_id=env_id)
+        check_collection(env_id, episodes, settings["epsilon"], settings["dynamics"])
 
 
 def default_cache_dir() -> Path:

@@ -65,6 +65,7 @@ import os
 import tempfile
 import warnings
 import zipfile
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,7 @@ __all__ = [
     "ShardLimits",
     "load_shard",
     "pooled",
+    "read_npz",
     "save_shard",
 ]
 
@@ -115,6 +117,8 @@ MAX_TRANSITIONS = 10_000_000
 MAX_COMPRESSION_RATIO = 100.0
 #: archives declaring less than this (uncompressed) are never refused for their ratio
 RATIO_FLOOR_BYTES = 1 << 24
+#: the members of a shard file: the schema's arrays and the metadata
+SHARD_MEMBERS = frozenset({*ARRAY_SCHEMA, "metadata"})
 
 
 @dataclass(frozen=True)
@@ -481,23 +485,7 @@ def load_shard(path: str | os.PathLike[str], expected_env_id: str | None = None,
     """
     source = str(path)
     limits = ShardLimits() if limits is None else limits
-    try:
-        _check_archive(path, source, limits)
-        npz = np.load(path, allow_pickle=False)
-        if not isinstance(npz, np.lib.npyio.NpzFile):
-            raise _fail(source, "not a .npz archive (a single .npy array?)")
-        with npz:
-            contents = {key: npz[key] for key in npz.files}
-    except FileNotFoundError:
-        raise _fail(source, "no such file") from None
-    except IsADirectoryError:
-        raise _fail(source, "is a directory, not a shard file") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        if isinstance(exc, ShardError):
-            raise
-        raise _fail(source, f"cannot read as a .npz archive ({exc})") from None
-    except MemoryError:  # the checks above bound what a header may declare; a last guard
-        raise _fail(source, "too large to load into memory") from None
+    contents = read_npz(path, limits, members=SHARD_MEMBERS)
     raw = contents.pop("metadata", None)
     if raw is None:
         raise _fail(source, "missing arrays: metadata")
@@ -511,12 +499,42 @@ def load_shard(path: str | os.PathLike[str], expected_env_id: str | None = None,
     return Shard(**contents, metadata=meta, value_flags=flags)
 
 
-def _check_archive(path: str | os.PathLike[str], source: str, limits: ShardLimits) -> None:
-    """Refuse, from the zip directory and the ``.npy`` headers alone, an archive with
-    unexpected members, more rows than ``limits.max_transitions``, an expansion above
+def read_npz(path: str | os.PathLike[str], limits: ShardLimits,
+             members: Collection[str] | None = None) -> dict[str, np.ndarray]:
+    """Every array of the ``.npz`` archive at ``path``, loaded without pickles (shard
+    files, and the arrays ``fedqhd data import`` reads). ``members``: the only array
+    names allowed (``None``: any).
+
+    Raises :class:`ShardError`, its message starting with the path, for anything that is
+    not a readable ``.npz`` archive (missing, a folder, not a zip, truncated, a bad CRC,
+    pickled arrays) and for what ``limits`` or ``members`` refuse, checked before
+    anything is decompressed.
+    """
+    source = str(path)
+    try:
+        _check_archive(path, source, limits, members)
+        with np.load(path, allow_pickle=False) as npz:
+            return {key: npz[key] for key in npz.files}
+    except FileNotFoundError:
+        raise _fail(source, "no such file") from None
+    except IsADirectoryError:
+        raise _fail(source, "is a directory, not a .npz file") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+        if isinstance(exc, ShardError):
+            raise
+        raise _fail(source, f"cannot read as a .npz archive ({exc})") from None
+    except MemoryError:  # the checks above bound what a header may declare; a last guard
+        raise _fail(source, "too large to load into memory") from None
+
+
+def _check_archive(path: str | os.PathLike[str], source: str, limits: ShardLimits,
+                   members: Collection[str] | None) -> None:
+    """Refuse a file that is not a zip archive (numpy would take it for a pickle and
+    say so, which is wrong about a text file and points at unsafe loading), and, from
+    the zip directory and the ``.npy`` headers alone, an archive with members not in
+    ``members``, more rows than ``limits.max_transitions``, an expansion above
     ``limits.max_compression_ratio``, or an array whose header declares more bytes than
-    its member holds (a single ``.npy`` is refused as it is; another non-zip file is left
-    to ``np.load``).
+    its member holds.
 
     numpy allocates an array from its header's shape before reading a byte of it, so a
     300-byte member declaring a (1, 10**12) array would be a MemoryError: every header's
@@ -527,11 +545,12 @@ def _check_archive(path: str | os.PathLike[str], source: str, limits: ShardLimit
         with open(path, "rb") as fh:
             if fh.read(6) == b"\x93NUMPY":
                 raise _fail(source, "not a .npz archive (a single .npy array?)")
-        return
+        raise _fail(source, "not a .npz archive (no zip directory: not a zip file, or a "
+                            "truncated one)")
     with zipfile.ZipFile(path) as archive:
         infos = archive.infolist()
         keys = [info.filename.removesuffix(".npy") for info in infos]
-        unexpected = sorted(set(keys) - set(ARRAY_SCHEMA) - {"metadata"})
+        unexpected = sorted(set(keys) - set(members)) if members is not None else []
         if unexpected:
             raise _fail(source, f"unexpected arrays: {', '.join(unexpected)}")
         declared = sum(info.file_size for info in infos)
