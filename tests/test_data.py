@@ -495,7 +495,7 @@ def test_import_refuses_unreadable_or_empty_arrays_in_one_line(tmp_path: Path, c
 @pytest.mark.parametrize(("out", "message"), [
     ("afile", "--out afile: afile is a file, not a folder"),
     ("afile/sub", "--out afile/sub: afile is a file, not a folder"),
-    ("", "argument --out: expected a folder name, got ''"),
+    ("", "argument --out: expected a path, got ''"),
     pytest.param("/proc/nope", "--out /proc/nope: cannot write there",
                  marks=pytest.mark.skipif(not Path("/proc/self").exists(), reason="Linux")),
 ])

@@ -96,7 +96,7 @@ def _refused(args: list[str], capsys) -> tuple[int, str]:
     (["--releases", "1"], "argument --releases: must be >= 100, got 1"),
     (["--releases", "-10"], "argument --releases: must be >= 100, got -10"),
     (["--confidence", "95"], "argument --confidence: must be in (0, 1), got 95"),
-    (["--noise-scale-factor", "0"], "argument --noise-scale-factor: must be in (0, inf]"),
+    (["--noise-scale-factor", "0"], "argument --noise-scale-factor: must be in (0, inf)"),
     (["--horizon", "0"], "argument --horizon: expected an integer in [1, 100], got 0"),
     (["--trajectories", "0"], "argument --trajectories: expected an integer in [1, "),
     (["--seed", "-1"], "argument --seed: expected an integer in [0, "),

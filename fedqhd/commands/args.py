@@ -22,6 +22,24 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def at_most(maximum: int, parse: Callable[[str], int]) -> Callable[[str], int]:
+    """An argparse type: what ``parse`` (e.g. :func:`at_least`) gives, ``<= maximum``."""
+    def parse_bounded(text: str) -> int:
+        value = parse(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
+        return value
+    return parse_bounded
+
+
+def path_arg(text: str) -> Path:
+    """An argparse type: a path, not an empty string (``Path("")`` is ``.``: the current
+    folder, where nobody meant to write)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
+    return Path(text)
+
+
 def number_in(low: float | None = None, high: float | None = None, *,
               low_open: bool = False, high_open: bool = False) -> Callable[[str], float]:
     """An argparse type: a finite float in ``[low, high]`` (an end ``None``: unbounded;

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from fedqhd.commands.args import at_least, number_in, writable_folder
+from fedqhd.commands.args import at_least, number_in, path_arg, writable_folder
 from fedqhd.data.folder import (
     MANIFEST_NAME,
     ShardSetWriter,
@@ -75,14 +75,6 @@ VALUE_CHECK_HELP = ("values far outside the env's bounds: refuse (default), warn
                     "keep) or off (as run-config key value-check; docs/data.md)")
 
 
-def _folder_name(text: str) -> Path:
-    """An argparse type: an output folder's name. An empty one is refused here, since as a
-    ``Path`` it would be ``.``: the current folder, written into silently."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"expected a folder name, got {text!r}")
-    return Path(text)
-
-
 def _open_out(out: Path, force: bool) -> ShardSetWriter:
     """The writer of a new shard set in ``--out``, after refusing
     (:class:`~fedqhd.config.ConfigError`, naming ``--out``) a folder that is a file or
@@ -114,7 +106,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--seed", type=at_least(0), default=0)
     gen.add_argument("--epsilon-min", type=number_in(0, 1), default=0.8)
     gen.add_argument("--epsilon-max", type=number_in(0, 1), default=1.0)
-    gen.add_argument("--out", required=True, type=_folder_name, help="output folder")
+    gen.add_argument("--out", required=True, type=path_arg, help="output folder")
     gen.add_argument("--force", action="store_true",
                      help="replace the shard set in --out (its shard-<i>.npz and manifest)")
     gen.set_defaults(func=cmd_generate)
@@ -148,7 +140,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument("--seed", type=at_least(0), default=0)
     imp.add_argument("--value-check", default="refuse", choices=VALUE_CHECKS,
                      help=VALUE_CHECK_HELP)
-    imp.add_argument("--out", required=True, type=_folder_name, help="output folder")
+    imp.add_argument("--out", required=True, type=path_arg, help="output folder")
     imp.add_argument("--force", action="store_true",
                      help="replace the shard set in --out (its shard-<i>.npz and manifest)")
     imp.set_defaults(func=cmd_import)

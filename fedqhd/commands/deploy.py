@@ -16,34 +16,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from fedqhd.commands.args import at_least, list_of, number_in, writable_file, writable_folder
+from fedqhd.commands.args import (
+    at_least,
+    at_most,
+    list_of,
+    number_in,
+    path_arg,
+    writable_file,
+    writable_folder,
+)
 from fedqhd.files import atomic_write
 
 __all__ = ["register"]
 
 MAX_DAYS = 36_500  #: a century: ``--days`` beyond it is a typo (dates end at year 9999)
 MAX_UID = 2**32 - 2  #: the largest uid/gid (``2**32 - 1`` is chown's "leave unchanged")
-
-
-def at_most(maximum: int, parse: Callable[[str], int]) -> Callable[[str], int]:
-    """An argparse type: what ``parse`` (e.g. :func:`at_least`) gives, ``<= maximum``."""
-    def parse_bounded(text: str) -> int:
-        value = parse(text)
-        if value > maximum:
-            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
-        return value
-    return parse_bounded
-
-
-def path_arg(text: str) -> Path:
-    """An argparse type: a path, not an empty string (``Path("")`` is ``.``: the current
-    folder, where nobody meant to write)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError(f"expected a path, got {text!r}")
-    return Path(text)
 
 
 def san(text: str) -> str:

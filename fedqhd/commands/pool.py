@@ -15,7 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedqhd.commands.args import at_least, list_of, number_in, writable_file, writable_folder
+from fedqhd.commands.args import (
+    at_least,
+    list_of,
+    number_in,
+    path_arg,
+    writable_file,
+    writable_folder,
+)
 from fedqhd.envs.inventory import BEHAVIOURS, DEMANDS, MODELS
 from fedqhd.files import atomic_figure, atomic_write, pyplot
 from fedqhd.pool.api import ZONINGS
@@ -62,7 +69,7 @@ SWEEP_VALUES: dict[str, Callable[[str], Any]] = {
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="outputs/pool", help="output directory")
+    p.add_argument("--out", type=path_arg, default=Path("outputs/pool"), help="output directory")
     p.add_argument("--reps", type=_POSITIVE_INT, default=10, help="repetitions (paper: 10)")
     p.add_argument("--seed", type=at_least(0), default=0)
     p.add_argument("--w", type=_POSITIVE_INT, default=2, help="products; w+d = 2w")
@@ -348,5 +355,5 @@ def register(subparsers) -> None:
     f.add_argument("--rho", type=_RHO, default=1.0, help="zCDP rho of each client's release")
     f.add_argument("--seeds", type=_POSITIVE_INT, default=5, help="seeds 0 .. seeds-1")
     f.add_argument("--trajectories", type=_POSITIVE_INT, default=1000, help="per client")
-    f.add_argument("--out", default="outputs/pool", help="output directory")
+    f.add_argument("--out", type=path_arg, default=Path("outputs/pool"), help="output directory")
     f.set_defaults(func=_federated)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from fedqhd.commands.args import at_least, number_in, writable_file
+from fedqhd.commands.args import at_least, number_in, path_arg, writable_file
 from fedqhd.files import atomic_write
 
 RELEASES = ("counts", "fedqhd")  #: what ``--release`` audits
@@ -294,7 +294,7 @@ def register(subparsers) -> None:
                    f"(default {fedqhd['episodes']})")
     a.add_argument("--seed", type=_in_range_of("run", "seed", int), default=0,
                    help="seeds the data and numpy noise")
-    a.add_argument("--out", help="write the result as JSON here")
+    a.add_argument("--out", type=path_arg, help="write the result as JSON here")
     a.set_defaults(func=_audit)
     led = sub.add_parser("ledgers", help="a node's privacy ledgers: rho spent, budget, epsilon")
     led.add_argument("--ledger-dir", help="the node's ledger folder (default: "
