@@ -15,8 +15,8 @@ def _point(clients: int, server: float, cached: bool = True, client: float = 0.0
 
 
 def test_measure_counts_the_messages_bytes_and_both_cache_paths() -> None:
-    hit = measure_in_child("CartPole-v1", 500, 6, rounds=2)
-    build = measure_in_child("CartPole-v1", 500, 6, rounds=2, cached=False)
+    hit = measure_in_child("CartPole-v1", 500, 6, rounds=4)
+    build = measure_in_child("CartPole-v1", 500, 6, rounds=4, cached=False)
     # a train message carries the global readout, its reply the client's: D x |A| float64
     for p in (hit, build):
         assert 500 * 2 * 8 <= p.message_bytes <= 500 * 2 * 8 + 256

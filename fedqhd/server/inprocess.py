@@ -36,6 +36,10 @@ class InProcessGrid(Grid):
         Extra node-config entries per node (for example ``data-dir``).
     """
 
+    #: every node exists from the start (no node joins later): the preflight refuses a
+    #: ``min-nodes`` above their count instead of waiting ``node-wait-timeout`` for them
+    fixed_nodes = True
+
     def __init__(self, apps: list[ClientApp], run_config: dict | None = None,
                  node_configs: list[dict] | None = None) -> None:
         TaskIdentity.run_id = RUN_ID

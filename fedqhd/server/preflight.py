@@ -94,14 +94,14 @@ def check_shards(data_dir: str, num_partitions: int, env_id: str) -> None:
 
 
 def check_node_count(grid: Grid, cfg: RunConfig) -> None:
-    """Refuse an in-process federation (all its nodes exist from the start) with fewer
-    nodes than ``min-nodes``: its server would wait ``node-wait-timeout`` for nodes that
-    never come, then fail."""
-    from fedqhd.server.inprocess import InProcessGrid
-
+    """Refuse a federation whose nodes all exist from the start (a grid with
+    ``fixed_nodes``: the in-process one) with fewer nodes than ``min-nodes``: its server
+    would wait ``node-wait-timeout`` for nodes that never come, then fail."""
     grid = _unwrapped(grid)
-    if isinstance(grid, InProcessGrid) and len(grid.contexts) < cfg.min_nodes:
-        n = len(grid.contexts)
+    if not getattr(grid, "fixed_nodes", False):
+        return
+    n = len(list(grid.get_node_ids()))
+    if n < cfg.min_nodes:
         raise ConfigError(f"run-config key 'min-nodes' = {cfg.min_nodes}, but this in-process "
                           f"federation has {n} node(s): the server would wait "
                           f"'node-wait-timeout' ({cfg.node_wait_timeout:g} s) for nodes that "
