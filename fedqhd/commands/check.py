@@ -110,9 +110,6 @@ def check_data_dir(cfg: RunConfig, num_partitions: int) -> None:
     from fedqhd.data import ShardError, client_shard
     from fedqhd.server.preflight import check_shards
 
-    if Path(cfg.data_dir).expanduser().is_file():
-        raise ConfigError(f"run-config key 'data-dir' = {cfg.data_dir!r}: is a file, not a "
-                          "folder")
     check_shards(cfg.data_dir, num_partitions, cfg.env_id)
     for i in range(num_partitions):
         try:

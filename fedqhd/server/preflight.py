@@ -78,7 +78,8 @@ def check_shards(data_dir: str, num_partitions: int, env_id: str) -> None:
     folder = Path(data_dir).expanduser()
     key = f"run-config key 'data-dir' = {data_dir!r}"
     if not folder.is_dir():
-        raise ConfigError(f"{key}: no such folder")
+        why = "is a file, not a folder" if folder.exists() else "no such folder"
+        raise ConfigError(f"{key}: {why}")
     missing = [i for i in range(num_partitions) if not (folder / shard_filename(i)).is_file()]
     if missing:
         which = (f"any of the {num_partitions} partitions" if len(missing) == num_partitions
