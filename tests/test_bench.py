@@ -47,14 +47,14 @@ def test_paper_suite_writes_json_table_and_curves_with_the_papers_numbers(tmp_pa
     assert (tmp_path / "curves-CartPole-v1.png").stat().st_size > 0
 
 
-def test_paper_suite_refuses_unknown_names_and_fedavg_dqn_heterogeneous():
+def test_paper_suite_refuses_unknown_names_and_fedavg_dqn_heterogeneous(capsys):
     import pytest
 
     from fedqhd.commands.main import main
     from fedqhd.studies import paper
 
-    with pytest.raises(SystemExit, match="unknown"):
-        main(["bench", "--suite", "paper", "--methods", "fedqhd,magic"])
+    assert main(["bench", "--suite", "paper", "--methods", "fedqhd,magic"]) == 2
+    assert capsys.readouterr().err.startswith("fedqhd bench: error: --methods: unknown")
     with pytest.raises(ValueError, match="shared setting"):
         paper.run_cell("fedavg-dqn", "CartPole-v1", "heterogeneous", 0)
 
@@ -80,3 +80,44 @@ def test_bench_refuses_bad_counts_and_seeds_in_one_line_naming_the_flag(capsys):
     from fedqhd.commands.args import seed_list
 
     assert seed_list("0-2,7") == [0, 1, 2, 7]  # every suite takes ranges
+
+
+def test_bench_refuses_flags_of_another_suite_bad_sets_and_outs_before_any_work(
+        tmp_path, capsys, monkeypatch):
+    import os
+
+    from fedqhd.commands.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    os.mkfifo(tmp_path / "pipe")
+    for args, says in (
+            (["--merge", "a.json", "--out", "m"],
+             "--merge: only for --suite paper, not the default bench"),
+            (["--quick"], "--quick: only for --suite federation-gap, not the default bench"),
+            (["--suite", "paper", "--only", "avg"],
+             "--only: only for the default bench (no --suite), not --suite paper"),
+            (["--suite", "federation-gap", "--no-flwr", "--rounds", "3"],
+             "--no-flwr: only for --suite scale, not --suite federation-gap"),
+            (["--dim", "64"], "--dim: only for --speed or --suite scale"),
+            (["--set", "foo"], "--set 'foo': expected KEY=VALUE"),
+            (["--set", "hd-dim="], "--set 'hd-dim=': expected KEY=VALUE"),
+            (["--suite", "federation-gap", "--quick", "--out", "afile"],
+             "--out afile: afile is a file, not a folder"),
+            (["--suite", "paper", "--resume", "--overwrite", "--out", "o"],
+             "exclude each other")):
+        assert main(["bench", *args]) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("fedqhd bench: error: ") and says in err[-1], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "pipe"]  # nothing ran
+    from fedqhd.commands.args import writable_file
+    from fedqhd.config import ConfigError
+
+    (tmp_path / "link").symlink_to(tmp_path / "afile")
+    for name, says in (("pipe", "not a regular file"), ("link", "is a link")):
+        try:
+            writable_file("--out", tmp_path / name)  # a writer would replace it
+        except ConfigError as exc:
+            assert says in str(exc)
+        else:
+            raise AssertionError(f"{name} accepted")

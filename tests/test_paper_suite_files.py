@@ -3,6 +3,7 @@ command does not overwrite hours of runs, and suites from several runs merge int
 (refusing cells that disagree or protocols that differ)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -67,7 +68,7 @@ def test_a_stopped_suite_keeps_its_cells_and_resume_runs_only_the_missing_ones(t
     assert len(json.loads((tmp_path / "paper.json").read_text())["cells"]) == 2
 
 
-def test_merge_joins_suites_refuses_disagreeing_cells_and_other_protocols(tmp_path):
+def test_merge_joins_suites_refuses_disagreeing_cells_and_other_protocols(tmp_path, capsys):
     a, b, c, d = (tmp_path / n for n in "abcd")
     suite(a, [0, 1], FakeCell())
     suite(b, [1, 2], FakeCell())          # seed 1 again, the same results: kept once
@@ -95,19 +96,23 @@ def test_merge_joins_suites_refuses_disagreeing_cells_and_other_protocols(tmp_pa
     assert "11.0 +- 8.2 (466.3)" in (out / "paper-table.md").read_text()
     assert (out / "curves-CartPole-v1.png").stat().st_size > 0
     assert len(json.loads((out / "paper.json").read_text())["merged-from"]) == 2
-    with pytest.raises(SystemExit, match="different results"):
-        main(["bench", "--suite", "paper", "--merge", str(b / "paper.json"),
-              str(c / "paper.json"), "--out", str(tmp_path / "bad")])
-    with pytest.raises(SystemExit, match="exists"):  # would replace a table not among its inputs
-        main(["bench", "--suite", "paper", "--merge", str(c / "paper.json"), "--out", str(a)])
+    capsys.readouterr()
+    assert main(["bench", "--suite", "paper", "--merge", str(b / "paper.json"),
+                 str(c / "paper.json"), "--out", str(tmp_path / "bad")]) == 2
+    assert "different results" in capsys.readouterr().err
+    # would replace a table not among its inputs
+    assert main(["bench", "--suite", "paper", "--merge", str(c / "paper.json"),
+                 "--out", str(a)]) == 2
+    assert "exists" in capsys.readouterr().err
 
 
-def test_the_command_refuses_to_overwrite_a_suite_before_running_anything(tmp_path):
+def test_the_command_refuses_to_overwrite_a_suite_before_running_anything(tmp_path, capsys):
     suite(tmp_path, [0], FakeCell())
     before = (tmp_path / "paper.json").read_text()
-    with pytest.raises(SystemExit, match="holds 2 cells.*--resume / --overwrite"):
-        main(["bench", "--suite", "paper", "--envs", "CartPole-v1", "--methods", "fedqhd",
-              "--seeds", "0", "--clients", "2", "--episodes", "40", "--out", str(tmp_path)])
+    assert main(["bench", "--suite", "paper", "--envs", "CartPole-v1", "--methods", "fedqhd",
+                 "--seeds", "0", "--clients", "2", "--episodes", "40", "--out",
+                 str(tmp_path)]) == 2
+    assert re.search("holds 2 cells.*--resume / --overwrite", capsys.readouterr().err)
     assert (tmp_path / "paper.json").read_text() == before
 
 

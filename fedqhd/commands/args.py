@@ -5,7 +5,8 @@ path that cannot be written is refused before a long computation, not after it."
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 
@@ -91,12 +92,29 @@ def writable_file(flag: str, path: Path) -> Path:
         raise ConfigError(f"{flag} {str(path)!r}: not a file name")
     if path.is_dir():
         raise ConfigError(f"{flag} {path}: is a folder; give a file name")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"{flag} {path}: {parent} is a file, not a folder")
-            break
+    # writers replace the file by renaming a finished copy over it: a link would be
+    # replaced, not written through, and a device (/dev/null) turned into a plain file
+    if path.is_symlink():
+        raise ConfigError(f"{flag} {path}: is a link; give the file it points to "
+                          f"({path.resolve()})")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{flag} {path}: not a regular file (a device or a pipe)")
+    _check_parents(flag, path, path.parents)
     return path
+
+
+def _check_parents(flag: str, path: Path, candidates: Iterable[Path]) -> None:
+    """The first of ``candidates`` that exists must be a folder this process may write
+    in (a missing rest is made by the writer)."""
+    from fedqhd.config import ConfigError
+
+    for candidate in candidates:
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise ConfigError(f"{flag} {path}: {candidate} is a file, not a folder")
+            if not os.access(candidate, os.W_OK | os.X_OK):
+                raise ConfigError(f"{flag} {path}: no permission to write in {candidate}")
+            return
 
 
 def writable_folder(flag: str, path: Path) -> Path:
@@ -106,9 +124,5 @@ def writable_folder(flag: str, path: Path) -> Path:
 
     if not str(path).strip():
         raise ConfigError(f"{flag} {str(path)!r}: not a folder name")
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            if not candidate.is_dir():
-                raise ConfigError(f"{flag} {path}: {candidate} is a file, not a folder")
-            break
+    _check_parents(flag, path, (path, *path.parents))
     return path

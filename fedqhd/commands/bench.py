@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from fedqhd.commands.args import at_least, seed_list
+from fedqhd.commands.args import at_least, path_arg, seed_list, writable_folder
+from fedqhd.config import ConfigError
 from fedqhd.studies.bench import fqi_speed, run_bench, run_federated_only
 
 
@@ -50,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=seed_list, help="comma-separated, ranges too: 42-61 (default "
                    "0,1,2; --suite paper: 42,43,44)")
     p.add_argument("--rounds", type=at_least(1), help="rounds (default 30; --suite scale: 5)")
-    p.add_argument("--out", type=Path,
+    p.add_argument("--out", type=path_arg,
                    help="output folder (default outputs/bench; --suite paper: outputs/paper)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="run-config override as for flwr run --run-config, e.g. --set "
@@ -59,7 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="run only this federated strategy (no pooled or lone baselines)")
     p.add_argument("--speed", action="store_true",
                    help="instead: seconds per FQI sweep, factored once vs re-solved")
-    p.add_argument("--dim", type=at_least(1), default=2000, help="D for --speed")
+    p.add_argument("--dim", type=at_least(1), help="D for --speed and --suite scale "
+                   "(default 2000)")
     suite = p.add_argument_group("the paper's table (--suite paper): online protocol, "
                                  "5 clients x 600 episodes, seeds 42,43,44 unless given")
     suite.add_argument("--suite", choices=["paper", "scale", "federation-gap"],
@@ -73,11 +75,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     suite.add_argument("--settings", help="shared,heterogeneous (default: both)")
     suite.add_argument("--methods", help="comma-separated (default: "
                        "fedqhd,independent,truncate,fedavg-dqn,distill-dqn,pooled)")
-    suite.add_argument("--episodes", type=at_least(1), default=600, help="episodes per client")
+    suite.add_argument("--episodes", type=at_least(1), help="episodes per client (default 600)")
     suite.add_argument("--resume", action="store_true",
                        help="--out holds a stopped suite's paper.json: keep its cells and run "
                        "only the missing ones")
-    suite.add_argument("--jobs", type=at_least(1), default=1,
+    suite.add_argument("--jobs", type=at_least(1),
                        help="cells run at once, each in its own process with one BLAS thread "
                        "(the numbers of OMP_NUM_THREADS=1 runs; default 1)")
     suite.add_argument("--overwrite", action="store_true",
@@ -92,9 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     scale = p.add_argument_group("--suite scale (default --clients 10 --rounds 5)")
     scale.add_argument("--no-flwr", action="store_true",
                        help="skip the flwr run (Ray) measurement")
-    scale.add_argument("--transitions", type=at_least(1), default=20_000,
-                       help="transitions of the streamed fit (at --dim)")
-    scale.add_argument("--app", type=Path, default=Path("."),
+    scale.add_argument("--transitions", type=at_least(1),
+                       help="transitions of the streamed fit (at --dim; default 20000)")
+    scale.add_argument("--app", type=path_arg,
                        help="the Flower app folder flwr run builds (default: .)")
     p.set_defaults(func=_main)
 
@@ -108,12 +110,12 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
     given: dict[str, Any] = {}
     for item in items:
+        key, sep, value = item.partition("=")
+        if not (sep and key.strip() and value.strip()):
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
         try:
             given.update(parse_config_args([item]))
         except ClickException:
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise SystemExit(f"--set {item!r}: expected KEY=VALUE") from None
             given[key.strip()] = value.strip()
     from fedqhd.learners import parse_run_config
 
@@ -135,7 +137,7 @@ def _paper_suite(args: argparse.Namespace) -> int:
                                 ("--methods", methods, paper.METHODS)):
         bad = [v for v in values if v not in valid]
         if bad:
-            raise SystemExit(f"{name}: unknown {bad}; valid: {', '.join(valid)}")
+            raise ConfigError(f"{name}: unknown {bad}; valid: {', '.join(valid)}")
     seeds = args.seeds or list(paper.SEEDS)
     clients = args.clients or 5
     out = args.out or Path("outputs/paper")
@@ -151,11 +153,11 @@ def _paper_suite(args: argparse.Namespace) -> int:
             paper.write_outputs(summary, out)
         else:
             summary = paper.run_suite(envs, settings, methods, seeds, out,
-                                      episodes=args.episodes, clients=clients,
+                                      episodes=args.episodes or 600, clients=clients,
                                       resume=args.resume, overwrite=args.overwrite,
-                                      jobs=args.jobs)
+                                      jobs=args.jobs or 1)
     except (ValueError, FileExistsError) as exc:
-        raise SystemExit(f"error: {exc}") from None
+        raise ConfigError(str(exc)) from None
     print(paper.markdown_table(summary))
     print(f"written {out / 'paper.json'}, {out / 'paper-table.md'} and curves-*.png")
     return 0
@@ -165,18 +167,19 @@ def _scale_suite(args: argparse.Namespace) -> int:
     from fedqhd.studies import scale
 
     out = args.out or Path("outputs/scale")
-    if not args.no_flwr and not (args.app / "pyproject.toml").is_file():
-        raise SystemExit(f"--app {args.app}: no pyproject.toml (the Flower app flwr run builds); "
+    app = args.app or Path(".")
+    if not args.no_flwr and not (app / "pyproject.toml").is_file():
+        raise ConfigError(f"--app {app}: no pyproject.toml (the Flower app flwr run builds); "
                          "run from the fedqhd checkout or pass --no-flwr")
     overrides = {"env-id": args.env,
                  **{k.replace("_", "-"): v for k, v in parse_overrides(args.set).items()}}
     seed = args.seeds[0] if args.seeds else 0
     if args.clients is not None and args.clients < 2:
-        raise SystemExit("--clients: the scale suite needs >= 2 (a federation's round)")
+        raise ConfigError("--clients: the scale suite needs >= 2 (a federation's round)")
     summary = scale.run_suite(args.clients or 10, args.rounds or 5, out,
-                              flwr=not args.no_flwr, app_dir=args.app.resolve(),
-                              run_config=overrides, transitions=args.transitions,
-                              dim=args.dim, seed=seed)
+                              flwr=not args.no_flwr, app_dir=app.resolve(),
+                              run_config=overrides, transitions=args.transitions or 20_000,
+                              dim=args.dim or 2000, seed=seed)
     print(scale.markdown(summary))
     print(f"written {out / 'scale.json'}")
     return 0
@@ -196,7 +199,7 @@ def _gap_suite(args: argparse.Namespace) -> int:
         settings = replace(settings, seeds=tuple(args.seeds))
     if args.clients:
         if args.clients < 2:
-            raise SystemExit("--clients: the federation-gap suite needs >= 2 (a teacher and "
+            raise ConfigError("--clients: the federation-gap suite needs >= 2 (a teacher and "
                              "the client that compiles it)")
         settings = replace(settings, clients=args.clients)
     out = args.out or Path("outputs/federation-gap")
@@ -214,12 +217,42 @@ def _gap_suite(args: argparse.Namespace) -> int:
     return 0
 
 
+#: flags only one part of ``fedqhd bench`` reads (None: the default bench), by
+#: attribute; any other part refuses them rather than run without them
+_SUITE_FLAGS: dict[str | None, tuple[str, ...]] = {
+    "paper": ("envs", "settings", "methods", "episodes", "resume", "jobs", "overwrite",
+              "merge"),
+    "federation-gap": ("quick",),
+    "scale": ("no_flwr", "transitions", "app"),
+    None: ("only", "speed"),
+}
+
+
+def check_flags_fit_the_suite(args: argparse.Namespace) -> None:
+    """Refuse a flag of another suite (``--merge`` without ``--suite paper`` would
+    otherwise start the default bench), naming it and the suite that reads it."""
+    for suite, names in _SUITE_FLAGS.items():
+        if suite == args.suite:
+            continue
+        given = [n for n in names if getattr(args, n) not in (None, False, [])]
+        if given:
+            flags = ", ".join("--" + n.replace("_", "-") for n in given)
+            where = f"--suite {suite}" if suite else "the default bench (no --suite)"
+            here = f"--suite {args.suite}" if args.suite else "the default bench"
+            raise ConfigError(f"{flags}: only for {where}, not {here}")
+    if args.dim is not None and args.suite is None and not args.speed:
+        raise ConfigError("--dim: only for --speed or --suite scale")
+
+
 def _main(args: argparse.Namespace) -> int:
     if args.env_module:
         args.set = [f"env-module='{args.env_module}'", *args.set]
     # the module first (it registers the env), then the env id: a ConfigError is one line
     # and exit code 2 (fedqhd.commands.main), a failed run exit code 1
     parse_overrides([*args.set, f"env-id='{args.env}'"])
+    check_flags_fit_the_suite(args)
+    if args.out is not None:
+        writable_folder("--out", args.out)
     if args.suite == "paper":
         return _paper_suite(args)
     if args.suite == "scale":
@@ -231,7 +264,7 @@ def _main(args: argparse.Namespace) -> int:
     seeds = args.seeds or [0, 1, 2]
     args.out = args.out or Path("outputs/bench")
     if args.speed:
-        result = fqi_speed(args.env, args.clients, args.dim, sweeps=10)
+        result = fqi_speed(args.env, args.clients, args.dim or 2000, sweeps=10)
         print(json.dumps(result, indent=2))
         return 0
     overrides = parse_overrides(args.set)

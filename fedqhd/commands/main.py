@@ -6,15 +6,18 @@ exit code. Modules are imported lazily so ``fedqhd --help`` stays fast.
 
 A sub-command that raises a config error (:class:`fedqhd.config.ConfigError`) exits
 with code 2, a failed run (:class:`fedqhd.server.failures.RunFailed`) or a file the
-system refused (``OSError``) with code 1, an interrupt (Ctrl-C) with 130; each prints
-one line, not a traceback.
+system refused (``OSError``) or memory it could not get with code 1, Ctrl-C with 130
+and SIGTERM with 143 (both unwind as an interrupt: what the command started is
+stopped, what it staged removed); each prints one line, not a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 #: sub-command modules, in the order ``--help`` lists them
 SUBCOMMAND_MODULES = (
@@ -65,11 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedqhd: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print(f"fedqhd {args.command}: interrupted", file=sys.stderr)
-        return INTERRUPTED
+    except KeyboardInterrupt as exc:
+        stopped = isinstance(exc, Terminated)
+        print(f"fedqhd {args.command}: {'terminated' if stopped else 'interrupted'}",
+              file=sys.stderr)
+        return TERMINATED if stopped else INTERRUPTED
     except Exception as exc:
         known = failure(exc)
         if known is None:
@@ -77,17 +84,30 @@ def main(argv: list[str] | None = None) -> int:
         code, word = known
         print(f"fedqhd {args.command}: {word}: {exc}", file=sys.stderr)
         return code
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
-#: exit codes of the failures a sub-command reports in one line (an interrupt: the
-#: shell's 128 + SIGINT)
-CONFIG_ERROR, RUN_FAILED, FILE_ERROR, INTERRUPTED = 2, 1, 1, 130
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill PID``), raised where the command is, so what it started and the
+    files it staged are cleaned up as after Ctrl-C."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+#: exit codes of the failures a sub-command reports in one line (a signal: the shell's
+#: 128 + its number)
+CONFIG_ERROR, RUN_FAILED, FILE_ERROR, INTERRUPTED, TERMINATED = 2, 1, 1, 130, 143
 
 
 def failure(exc: BaseException) -> tuple[int, str] | None:
     """The exit code and word of a failure reported in one line: a config error (2,
     "error"), a failed run (1, "failed"), a file the system refused (``OSError``: a path
-    that exists, is missing, is a folder, is not writable; 1, "error"); ``None`` for
+    that exists, is missing, is a folder, is not writable; 1, "error"), an allocation
+    too large for the machine (1, "out of memory"); ``None`` for
     anything else (a bug: its traceback stays). Imported here, lazily: both modules need
     the full install."""
     from fedqhd.config import ConfigError
@@ -99,6 +119,8 @@ def failure(exc: BaseException) -> tuple[int, str] | None:
         return RUN_FAILED, "failed"
     if isinstance(exc, OSError):
         return FILE_ERROR, "error"
+    if isinstance(exc, MemoryError):  # a count too large for this machine
+        return FILE_ERROR, "out of memory"
     return None
 
 
