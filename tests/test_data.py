@@ -680,3 +680,104 @@ def test_inspect_reports_each_inconsistency_of_a_folder(tmp_path: Path, capsys, 
                                                     for line in lines]
     single = sorted(folder.glob("shard-*.npz"))[-1]  # a file alone: as before
     assert fedqhd_main(["data", "inspect", str(single)]) == 0
+
+
+# ---------------------------------------------------- paths that are no file or folder
+class _Fifo:
+    """A named pipe at ``path`` whose writer opens and closes it whenever it is read, so
+    code that (wrongly) reads it gets an empty file instead of blocking the test."""
+
+    def __init__(self, path: Path) -> None:
+        import os
+        import threading
+
+        os.mkfifo(path)
+        self.path, self._stop = path, threading.Event()
+        self._thread = threading.Thread(target=self._feed, daemon=True)
+        self._thread.start()
+
+    def _feed(self) -> None:
+        import os
+
+        while not self._stop.is_set():
+            os.close(os.open(self.path, os.O_WRONLY))  # blocks until a reader opens it
+
+    def close(self) -> None:
+        import os
+
+        self._stop.set()
+        for _ in range(50):  # unblock the writer: a reader that does not wait
+            if not self._thread.is_alive():
+                break
+            os.close(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK))
+            self._thread.join(0.1)
+
+
+# mutation checked: with `_special` returning None, inspect and import of the pipe exit 1
+# ("not a .npz archive", the pipe having been opened) instead of 2; without read_npz's
+# S_ISREG check the pipe inside a folder is opened ("no zip directory"); with the inspect
+# path and --npz typed `Path` again, "" is "." (inspect: "no shard-*.npz files", exit 1)
+def test_inspect_and_import_refuse_a_path_that_is_no_file_or_folder(tmp_path: Path,
+                                                                    capsys) -> None:
+    fifo = _Fifo(tmp_path / "ff.npz")
+    folder = tmp_path / "set"
+    folder.mkdir()
+    inner = _Fifo(folder / "shard-0.npz")
+    try:
+        says = "not a folder or a regular file (a device, pipe or socket?); not read"
+        code, err = run_cli(capsys, "data", "inspect", str(fifo.path))
+        assert code == 2 and one_line(err) == f"error: {fifo.path}: {says}"
+        code, err = run_cli(capsys, *_import(fifo.path, tmp_path / "out"))
+        assert code == 2 and one_line(err) == f"error: --npz {fifo.path}: {says}"
+        code, err = run_cli(capsys, "data", "inspect", str(folder))
+        assert code == 1 and one_line(err) == (f"invalid: {folder / 'shard-0.npz'}: not a "
+                                               "regular file (a device, pipe or socket?); "
+                                               "not read")
+    finally:
+        fifo.close()
+        inner.close()
+    for argv in (["data", "inspect", ""], _import(Path(""), tmp_path / "out")):
+        code, err = run_cli(capsys, *[a if a != "." else "" for a in argv])
+        assert code == 2 and one_line(err.splitlines()[-1]).endswith(
+            "expected a path, got ''"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ff.npz", "set"]
+
+
+# mutation checked, one at a time: without the n_transitions comparison, without the
+# format_version check, and with `_settings_problems` finding no value different, the
+# matching cases pass (exit 0); without `_recorded_seed`'s base_seed branch the generated
+# seed case passes, and without its `seed` of an imported shard the "import" case does
+@pytest.mark.parametrize(("edit", "line"), [
+    (lambda m: m["shards"][1].update(n_transitions=1),
+     "n_transitions differs from manifest.json's: shard-1.npz"),
+    (lambda m: m["settings"].update(seed=7), "manifest.json says seed = 7, not so in "
+                                             "shard-0.npz, shard-1.npz"),
+    (lambda m: m["settings"].update(episodes=2), "manifest.json says episodes = 2, not so "
+                                                 "in shard-0.npz, shard-1.npz"),
+    (lambda m: m.update(format_version=99), "manifest.json: unsupported format_version 99 "
+                                            "(this code reads 1)"),
+    (lambda m: m.pop("format_version"), "manifest.json: unsupported format_version None "
+                                        "(this code reads 1)"),
+    ("import", "manifest.json says seed = 5, not so in shard-0.npz, shard-1.npz"),
+])
+def test_inspect_reports_a_manifest_setting_the_shards_record_otherwise(
+        tmp_path: Path, capsys, edit, line: str) -> None:
+    folder = tmp_path / "s"
+    if edit == "import":
+        assert fedqhd_main(_import(_transitions(tmp_path / "t.npz"), folder,
+                                   "--num-partitions", "2")) == 0
+    else:
+        _generate(folder, 2)
+    capsys.readouterr()
+    assert fedqhd_main(["data", "inspect", str(folder)]) == 0
+    assert capsys.readouterr().err == ""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if edit == "import":
+        manifest["settings"]["seed"] = 5
+    else:
+        edit(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    before = _files(folder)
+    assert fedqhd_main(["data", "inspect", str(folder)]) == 1
+    assert capsys.readouterr().err.splitlines() == [f"inconsistent: {folder}: {line}"]
+    assert _files(folder) == before

@@ -357,3 +357,53 @@ def test_flwr_run_with_an_empty_data_dir_says_so_in_one_line(
     assert len(errors) == 1, log
     assert "'data-dir'" in errors[0] and "holds no shard for any of the 3 partitions" in errors[0]
     assert "Traceback" not in log and "[ROUND" not in log, log  # stopped before round 1
+
+
+# mutation checked: without the `folder_problems` block in check_data_dir every case says
+# "run config ok" (exit 0); with `more` always empty the two-problem case loses its count
+@pytest.mark.parametrize(("case", "first", "more"), [
+    ("3-set among 2", "the shards disagree on num_partitions: 2 (shard-0.npz); 3 "
+                      "(shard-1.npz)", 0),
+    ("base_seed", "the shards disagree on base_seed: 0 (shard-0.npz); 1 (shard-1.npz)", 0),
+    ("sha256", "sha256 differs from manifest.json's (changed since it was written): "
+               "shard-1.npz", 0),
+    ("manifest env", "manifest.json says env 'Acrobot-v1', shards hold CartPole-v1", 0),
+    ("two problems", "manifest.json: unsupported format_version 2 (this code reads 1)", 1),
+])
+def test_fedqhd_check_refuses_a_data_dir_that_data_inspect_rejects(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, first: str,
+        more: int) -> None:
+    from fedqhd.data import load_shard, save_shard
+
+    def generate(out: Path, n: int, seed: int = 0) -> None:
+        assert fedqhd_main(["data", "generate", "--num-partitions", str(n), "--episodes", "1",
+                            "--seed", str(seed), "--out", str(out)]) == 0
+
+    shards, other = tmp_path / "shards", tmp_path / "other"
+    generate(shards, 2)
+    if case in ("3-set among 2", "base_seed"):
+        generate(other, 3 if case == "3-set among 2" else 2, seed=int(case == "base_seed"))
+        (shards / "shard-1.npz").write_bytes((other / "shard-1.npz").read_bytes())
+        (shards / "manifest.json").unlink()
+    elif case == "sha256":
+        shard = load_shard(shards / "shard-1.npz")
+        shard.metadata["note"] = "edited"
+        save_shard(shard, shards / "shard-1.npz")
+    else:
+        manifest = json.loads((shards / "manifest.json").read_text())
+        if case == "manifest env":
+            manifest["settings"]["env_id"] = "Acrobot-v1"
+        else:
+            manifest.update(format_version=2)
+            manifest["shards"][0]["n_transitions"] = -1
+        (shards / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert fedqhd_main(["data", "inspect", str(shards)]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"inconsistent: {shards}: {first}" and len(lines) == 1 + more
+    before = {p.name: p.read_bytes() for p in shards.iterdir()}
+    err = _check_refused([str(ROOT), "--run-config", f"data-dir='{shards}'",
+                          "--federation-config", "num-supernodes=2"], capsys)
+    tail = f" (and {more} more problem(s): fedqhd data inspect {shards})" if more else ""
+    assert err == f"fedqhd check: error: run-config key 'data-dir' = '{shards}': {first}{tail}", err
+    assert {p.name: p.read_bytes() for p in shards.iterdir()} == before

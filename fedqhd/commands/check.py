@@ -106,17 +106,40 @@ def federation(text: str | None) -> dict[str, Any]:
 
 def check_data_dir(cfg: RunConfig, num_partitions: int) -> None:
     """Load each partition's shard from ``data-dir`` as its client will (a simulation
-    node's default limits), so a corrupt shard fails here, not in round 1."""
-    from fedqhd.data import ShardError, client_shard
+    node's default limits), so a corrupt shard fails here, not in round 1; then refuse a
+    folder that ``fedqhd data inspect`` finds inconsistent
+    (:func:`~fedqhd.data.folder.folder_problems`: the first problem and how many more)."""
+    from fedqhd.data import ShardError, client_shard, load_shard, shard_filename
+    from fedqhd.data.folder import folder_problems, shard_files
     from fedqhd.server.preflight import check_shards
 
+    key = f"run-config key 'data-dir' = {cfg.data_dir!r}"
     check_shards(cfg.data_dir, num_partitions, cfg.env_id)
+    folder = Path(cfg.data_dir).expanduser()
+    metadata: dict[Path, dict[str, Any] | None] = {}
+    transitions: dict[Path, int] = {}
     for i in range(num_partitions):
         try:
-            client_shard(cfg.env_id, cfg.partition, i, num_partitions, cfg.episodes_per_client,
-                         cfg.seed, data_dir=cfg.data_dir)
+            shard = client_shard(cfg.env_id, cfg.partition, i, num_partitions,
+                                 cfg.episodes_per_client, cfg.seed, data_dir=cfg.data_dir)
         except ShardError as exc:
-            raise ConfigError(f"run-config key 'data-dir' = {cfg.data_dir!r}: {exc}") from None
+            raise ConfigError(f"{key}: {exc}") from None
+        path = folder / shard_filename(i)
+        metadata[path], transitions[path] = shard.metadata, shard.n_transitions
+    for path in shard_files(folder):  # the rest of the set, as inspect reads it
+        if path not in metadata:
+            try:
+                shard = load_shard(path)
+            except ShardError:
+                metadata[path] = None  # present, records nothing: as inspect counts it
+                continue
+            metadata[path], transitions[path] = shard.metadata, shard.n_transitions
+    in_order = {path: metadata[path] for path in shard_files(folder)}  # as inspect lists
+    problems = folder_problems(folder, in_order, transitions)
+    if problems:
+        more = f" (and {len(problems) - 1} more problem(s): fedqhd data inspect " \
+               f"{cfg.data_dir})" if len(problems) > 1 else ""
+        raise ConfigError(f"{key}: {problems[0]}{more}")
 
 
 def check(app: Path, items: list[str], federation_config: str | None = None) -> str:

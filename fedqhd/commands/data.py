@@ -113,7 +113,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     ins = sub.add_parser("inspect", help="validate shard file(s), and that a folder is one "
                          "complete set, and print a summary")
-    ins.add_argument("path", type=Path, help="a shard .npz, or a folder of shard-<i>.npz")
+    ins.add_argument("path", type=path_arg, help="a shard .npz, or a folder of shard-<i>.npz")
     ins.add_argument("--env", default=None, help="require this environment")
     ins.add_argument("--env-module", default="", help=ENV_MODULE_HELP)
     ins.add_argument("--value-check", default="refuse", choices=VALUE_CHECKS,
@@ -123,7 +123,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp = sub.add_parser("import", help="shards from your own transitions (.npz of arrays "
                          "or a local Minari dataset)")
     source = imp.add_mutually_exclusive_group(required=True)
-    source.add_argument("--npz", type=Path,
+    source.add_argument("--npz", type=path_arg,
                         help="arrays observations, actions, rewards, next_observations, "
                         "terminated, truncated (episode_ids optional: else from the done flags)")
     source.add_argument("--minari", metavar="DATASET_ID",
@@ -146,7 +146,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp.set_defaults(func=cmd_import)
 
     exp = sub.add_parser("export", help="write a shard folder as a local Minari dataset")
-    exp.add_argument("path", type=Path, help="a folder of shard-<i>.npz (or one shard file)")
+    exp.add_argument("path", type=path_arg, help="a folder of shard-<i>.npz (or one shard file)")
     exp.add_argument("--minari", required=True, metavar="DATASET_ID",
                      help="id of the new dataset, e.g. cartpole/fedqhd-v0")
     exp.add_argument("--minari-root", default=None, help=MINARI_ROOT_HELP)
@@ -238,10 +238,19 @@ def summarize(shard: Shard) -> str:
     return "\n".join(lines)
 
 
+def _special(path: Path) -> str | None:
+    """Why ``path`` may not be read, if it exists but is neither a folder nor a regular
+    file (a device reads without end, a pipe blocks): said before opening it."""
+    if path.exists() and not (path.is_dir() or path.is_file()):
+        return (f"{path}: not a folder or a regular file (a device, pipe or socket?); "
+                "not read")
+    return None
+
+
 def _env_and_shard_files(args: argparse.Namespace) -> list[Path] | int:
     """Import ``--env-module``, check ``--env`` and list the shard files at ``args.path``;
     an exit code (after saying why) when one of those fails."""
-    problem = _load_env(args)
+    problem = _load_env(args) or _special(args.path)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -259,6 +268,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if isinstance(files, int):
         return files
     metadata: dict[Path, dict[str, Any] | None] = {}
+    transitions: dict[Path, int] = {}
     for file in files:
         try:
             shard = load_shard(file, expected_env_id=args.env,
@@ -267,10 +277,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print(f"invalid: {exc}", file=sys.stderr)
             metadata[file] = None
             continue
-        metadata[file] = shard.metadata
+        metadata[file], transitions[file] = shard.metadata, shard.n_transitions
         print(f"{file}: ok" + "".join(f"\n  flagged: {flag}" for flag in shard.value_flags))
         print(summarize(shard))
-    problems = folder_problems(args.path, metadata) if args.path.is_dir() else []
+    problems = (folder_problems(args.path, metadata, transitions) if args.path.is_dir()
+                else [])
     for problem in problems:
         print(f"inconsistent: {args.path}: {problem}", file=sys.stderr)
     if args.path.is_dir() and not (args.path / MANIFEST_NAME).exists():
@@ -343,6 +354,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.npz is not None and args.env is None:
         problem = problem or "--env is required with --npz"
     problem = problem or _check_minari(args)
+    if problem is None and args.npz is not None and (special := _special(args.npz)):
+        problem = f"--npz {special}"
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

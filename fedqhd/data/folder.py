@@ -26,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from fedqhd.data.shard import FORMAT_VERSION
 from fedqhd.files import atomic_write, fsync_dir
 
 __all__ = ["MANIFEST_NAME", "SET_KEYS", "ShardSetWriter", "folder_problems", "name_list",
@@ -210,22 +211,58 @@ def _expected_count(manifest: dict[str, Any] | None, metadata: dict[Path, dict[s
     return recorded.pop() if len(recorded) == 1 else None
 
 
-def _manifest_problems(folder: Path, manifest: dict[str, Any],
-                       metadata: dict[Path, dict[str, Any]], present: list[Path]) -> list[str]:
-    """A line per disagreement of the manifest with the files: its env, a file it does
-    not list, a listed file outside the folder, a sha256 that differs."""
+def _recorded_seed(meta: dict[str, Any]) -> Any:
+    """The run seed a shard records (a generated shard's ``base_seed``, an imported one's
+    ``seed``: its ``seed`` is otherwise the shard's own), else None."""
+    if "base_seed" in meta:
+        return meta["base_seed"]
+    return meta.get("seed") if "source" in meta else None
+
+
+def _settings_problems(manifest: dict[str, Any],
+                       metadata: dict[Path, dict[str, Any]]) -> list[str]:
+    """A line per manifest setting the shards record otherwise (its format_version, seed
+    and episodes; only where the shards record one)."""
     problems = []
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        problems.append(f"{MANIFEST_NAME}: unsupported format_version {version!r} (this code "
+                        f"reads {FORMAT_VERSION})")
+    settings = manifest["settings"]
+    for key, recorded in (("seed", _recorded_seed),
+                          ("episodes", lambda meta: meta.get("n_episodes"))):
+        if key not in settings:
+            continue
+        other = [path for path, meta in metadata.items()
+                 if (value := recorded(meta)) is not None and value != settings[key]]
+        if other:
+            problems.append(f"{MANIFEST_NAME} says {key} = {json.dumps(settings[key])}, "
+                            f"not so in {name_list(other)}")
+    return problems
+
+
+def _manifest_problems(folder: Path, manifest: dict[str, Any],
+                       metadata: dict[Path, dict[str, Any]], present: list[Path],
+                       transitions: dict[Path, int]) -> list[str]:
+    """A line per disagreement of the manifest with the files: its format_version, env,
+    seed and episodes, a file it does not list, a listed file outside the folder, a
+    sha256 or n_transitions that differs."""
+    problems = _settings_problems(manifest, metadata)
     env = manifest["settings"].get("env_id")
     other = sorted({str(m["env_id"]) for m in metadata.values() if m.get("env_id") != env})
     if env is not None and other:
         problems.append(f"{MANIFEST_NAME} says env {env!r}, shards hold {', '.join(other)}")
     listed: dict[str, Any] = {}
+    counts: list[Path] = []
     for entry in manifest["shards"]:
         name = str(entry.get("file", ""))
         if Path(name).name != name or shard_index(Path(name)) is None:
             problems.append(f"{MANIFEST_NAME} lists {name!r}, not a shard-<i>.npz name")
-        else:
-            listed[name] = entry.get("sha256")
+            continue
+        listed[name] = entry.get("sha256")
+        found = transitions.get(folder / name)
+        if found is not None and entry.get("n_transitions") != found:
+            counts.append(folder / name)
     unlisted = [p for p in present if p.name not in listed]
     if unlisted:
         problems.append(f"not in {MANIFEST_NAME}: {name_list(unlisted)}")
@@ -234,10 +271,14 @@ def _manifest_problems(folder: Path, manifest: dict[str, Any],
     if changed:
         problems.append(f"sha256 differs from {MANIFEST_NAME}'s (changed since it was "
                         f"written): {name_list(changed)}")
+    counts = [path for path in counts if path not in changed]  # a changed file: said
+    if counts:
+        problems.append(f"n_transitions differs from {MANIFEST_NAME}'s: {name_list(counts)}")
     return problems
 
 
-def folder_problems(folder: Path, metadata: dict[Path, dict[str, Any] | None]) -> list[str]:
+def folder_problems(folder: Path, metadata: dict[Path, dict[str, Any] | None],
+                    transitions: dict[Path, int] | None = None) -> list[str]:
     """What makes ``folder`` not one complete, consistent shard set, a line each.
 
     ``metadata``: each shard file found in it (:func:`shard_files`) and its metadata
@@ -245,7 +286,9 @@ def folder_problems(folder: Path, metadata: dict[Path, dict[str, Any] | None]) -
     that the shards agree on :data:`SET_KEYS`, that each partition is in its own
     ``shard-<i>.npz`` and only there, that ``shard-0 .. shard-<n-1>`` are all there and
     nothing beyond (``n``: the manifest's ``num_partitions``, else the shards'), and, if
-    there is a ``manifest.json``, that it lists exactly these files with their sha256.
+    there is a ``manifest.json``, that it lists exactly these files with their sha256
+    (and ``n_transitions``, given ``transitions``: each valid file's row count), a known
+    ``format_version`` and the settings the shards record.
     """
     problems: list[str] = []
     valid = {path: meta for path, meta in metadata.items() if meta is not None}
@@ -265,5 +308,6 @@ def folder_problems(folder: Path, metadata: dict[Path, dict[str, Any] | None]) -
         if beyond:
             problems.append(f"beyond num_partitions = {count}: {name_list(beyond)}")
     if manifest is not None:
-        problems += _manifest_problems(folder, manifest, valid, list(index))
+        problems += _manifest_problems(folder, manifest, valid, list(index),
+                                       transitions or {})
     return problems

@@ -62,6 +62,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 import warnings
 import zipfile
@@ -512,6 +513,11 @@ def read_npz(path: str | os.PathLike[str], limits: ShardLimits,
     """
     source = str(path)
     try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(source)
+        if not stat.S_ISREG(mode):  # a device or pipe: reading it never ends or blocks
+            raise _fail(source, "not a regular file (a device, pipe or socket?); not read")
         _check_archive(path, source, limits, members)
         with np.load(path, allow_pickle=False) as npz:
             return {key: npz[key] for key in npz.files}
