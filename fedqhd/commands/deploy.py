@@ -63,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     certs.add_argument("--days", type=at_most(MAX_DAYS, at_least(1)), default=365,
                        help="validity of a new CA and SuperLink certificate (default 365)")
     certs.add_argument("--owner", type=at_most(MAX_UID, at_least(0)), default=None,
-                       help="chown everything to this uid/gid (compose: Flower's app user)")
+                       help="chown everything to this uid, and the gid of the same number "
+                       "(compose: Flower's app user, 49999)")
     certs.add_argument("--chown", action="append", type=Path, default=[],
                        help="with --owner: also chown this folder and what is in it "
                             "(compose: volumes the services write to)")
