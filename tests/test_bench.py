@@ -100,6 +100,8 @@ def test_bench_refuses_flags_of_another_suite_bad_sets_and_outs_before_any_work(
             (["--suite", "federation-gap", "--no-flwr", "--rounds", "3"],
              "--no-flwr: only for --suite scale, not --suite federation-gap"),
             (["--dim", "64"], "--dim: only for --speed or --suite scale"),
+            (["--suite", "federation-gap", "--dim", "64"], "--dim: only for --speed or"),
+            (["--suite", "paper", "--rounds", "3"], "--rounds: not for --suite paper"),
             (["--set", "foo"], "--set 'foo': expected KEY=VALUE"),
             (["--set", "hd-dim="], "--set 'hd-dim=': expected KEY=VALUE"),
             (["--suite", "federation-gap", "--quick", "--out", "afile"],

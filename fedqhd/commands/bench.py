@@ -240,8 +240,11 @@ def check_flags_fit_the_suite(args: argparse.Namespace) -> None:
             where = f"--suite {suite}" if suite else "the default bench (no --suite)"
             here = f"--suite {args.suite}" if args.suite else "the default bench"
             raise ConfigError(f"{flags}: only for {where}, not {here}")
-    if args.dim is not None and args.suite is None and not args.speed:
+    if args.dim is not None and not (args.suite == "scale" or args.suite is None and args.speed):
         raise ConfigError("--dim: only for --speed or --suite scale")
+    if args.rounds is not None and args.suite in ("paper", "federation-gap"):
+        raise ConfigError(f"--rounds: not for --suite {args.suite} (the paper suite counts "
+                          "--episodes; the federation gap has no rounds)")
 
 
 def _main(args: argparse.Namespace) -> int:
