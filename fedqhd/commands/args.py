@@ -8,6 +8,7 @@ import argparse
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, Literal
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
@@ -80,6 +81,36 @@ def seed_list(text: str) -> list[int]:
         return parse_seeds(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def setting_check(owner: Literal["run", "pool"], name: str) -> Callable[[Any], str | None]:
+    """The range check of the run-config field (``"run"``) or POOL setting (``"pool"``)
+    ``name``: a flag that sets one takes its range from there, so each range lives in one
+    place (both imported when called: ``fedqhd --help`` loads neither)."""
+    from dataclasses import fields
+
+    from fedqhd.config import RunConfig
+    from fedqhd.presets import PoolSettings
+
+    owner_class = RunConfig if owner == "run" else PoolSettings
+    return next(f for f in fields(owner_class) if f.name == name).metadata["check"]
+
+
+def in_setting_range(owner: Literal["run", "pool"], name: str,
+                     parse: type[int] | type[float]) -> Callable[[str], Any]:
+    """An argparse type: ``parse`` of the text, within :func:`setting_check`'s range, a
+    bad value refused naming the flag, not the key the user never typed."""
+    def check(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            what = "an integer" if parse is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        problem = setting_check(owner, name)(value)
+        if problem:
+            raise argparse.ArgumentTypeError(f"expected {problem}, got {text}")
+        return value
+    return check
 
 
 def writable_file(flag: str, path: Path) -> Path:

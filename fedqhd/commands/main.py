@@ -100,7 +100,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 #: exit codes of the failures a sub-command reports in one line (a signal: the shell's
 #: 128 + its number)
-CONFIG_ERROR, RUN_FAILED, FILE_ERROR, INTERRUPTED, TERMINATED = 2, 1, 1, 130, 143
+CONFIG_ERROR, RUN_FAILED, SYSTEM_REFUSED, INTERRUPTED, TERMINATED = 2, 1, 1, 130, 143
 
 
 def failure(exc: BaseException) -> tuple[int, str] | None:
@@ -118,9 +118,9 @@ def failure(exc: BaseException) -> tuple[int, str] | None:
     if isinstance(exc, RunFailed):
         return RUN_FAILED, "failed"
     if isinstance(exc, OSError):
-        return FILE_ERROR, "error"
+        return SYSTEM_REFUSED, "error"
     if isinstance(exc, MemoryError):  # a count too large for this machine
-        return FILE_ERROR, "out of memory"
+        return SYSTEM_REFUSED, "out of memory"
     return None
 
 

@@ -20,6 +20,7 @@ from fedqhd.commands.args import (
     list_of,
     number_in,
     path_arg,
+    setting_check,
     writable_file,
     writable_folder,
 )
@@ -140,7 +141,7 @@ def _tag(a: argparse.Namespace) -> str:
 def _out(a: argparse.Namespace, *names: str) -> Path:
     """The ``--out`` folder, once it and the files ``names`` in it are known to be writable:
     a study takes minutes, so a bad path is refused before it runs, not after."""
-    out = writable_folder("--out", Path(a.out))
+    out = writable_folder("--out", a.out)
     for name in names:
         writable_file("--out", out / name)
     return out
@@ -295,20 +296,14 @@ def _check_federated(a: argparse.Namespace) -> None:
     becomes would refuse (argparse checked the lower ends; these are the upper ones, and
     the pooled row's ``clients * trajectories``), rather than in the name of a key of a
     temporary preset the user never wrote."""
-    from dataclasses import fields
-
-    from fedqhd.config import ConfigError, RunConfig
-    from fedqhd.presets import PoolSettings
-
-    def check(cls: type, name: str) -> Callable[[Any], str | None]:
-        return next(f for f in fields(cls) if f.name == name).metadata["check"]
+    from fedqhd.config import ConfigError
 
     for flag, value, valid in (
-            ("--clients", a.clients, check(RunConfig, "min_nodes")),
-            ("--rho", a.rho, check(RunConfig, "privacy_rho")),
-            ("--trajectories", a.trajectories, check(PoolSettings, "trajectories")),
+            ("--clients", a.clients, setting_check("run", "min_nodes")),
+            ("--rho", a.rho, setting_check("run", "privacy_rho")),
+            ("--trajectories", a.trajectories, setting_check("pool", "trajectories")),
             ("--clients * --trajectories (the pooled row's trajectories)",
-             a.clients * a.trajectories, check(PoolSettings, "trajectories"))):
+             a.clients * a.trajectories, setting_check("pool", "trajectories"))):
         problem = valid(value)
         if problem:
             raise ConfigError(f"{flag}: expected {problem}, got {value}")

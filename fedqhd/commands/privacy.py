@@ -12,11 +12,16 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from fedqhd.commands.args import at_least, number_in, path_arg, writable_file
+from fedqhd.commands.args import (
+    at_least,
+    in_setting_range,
+    number_in,
+    path_arg,
+    writable_file,
+)
 from fedqhd.files import atomic_write
 
 RELEASES = ("counts", "fedqhd")  #: what ``--release`` audits
@@ -29,31 +34,6 @@ ONLY_FOR: dict[str, dict[str, Any]] = {
 #: ``--releases`` when not given, with numpy's sampler only: OpenDP's (~60 us a sample,
 #: tens of samples a release) would take 10 min (counts) to an hour (fedqhd) at this count
 DEFAULT_RELEASES = 1_000_000
-
-
-def _in_range_of(owner: Literal["run", "pool"], name: str, parse: type[int] | type[float]
-                 ) -> Callable[[str], Any]:
-    """An argparse type checked by the range of the run-config key (``"run"``) or POOL
-    setting (``"pool"``) field ``name`` the option sets: one range, and a bad value is
-    refused naming the flag, not the key the user never typed."""
-    def check(text: str) -> Any:
-        from dataclasses import fields
-
-        from fedqhd.config import RunConfig
-        from fedqhd.presets import PoolSettings
-
-        try:
-            value = parse(text)
-        except ValueError:
-            what = "an integer" if parse is int else "a number"
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        field = next(f for f in fields(RunConfig if owner == "run" else PoolSettings)
-                     if f.name == name)
-        problem = field.metadata["check"](value)
-        if problem:
-            raise argparse.ArgumentTypeError(f"expected {problem}, got {text}")
-        return value
-    return check
 
 
 def _releases(text: str) -> int:
@@ -87,7 +67,7 @@ def _check_audit(a: argparse.Namespace) -> None:
                           f"{DEFAULT_RELEASES} would take 10 min (counts) to an hour (fedqhd); "
                           "give --releases, a few thousand (2000: 1 to 10 s)")
     if a.out is not None:
-        writable_file("--out", Path(a.out))
+        writable_file("--out", a.out)
     for key, default in ONLY_FOR[a.release].items():
         if getattr(a, key) is None:
             setattr(a, key, default)
@@ -182,7 +162,7 @@ def _audit(a: argparse.Namespace) -> int:
                f"{a.rho:g}-zCDP" if res.flagged else "consistent: the bound stays below the claim")
     print(verdict)
     if a.out is not None:
-        out = Path(a.out)
+        out = a.out
         out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(out, json.dumps({**res.to_dict(), "release": a.release, **extra,
                                       "wall-time-s": round(wall, 2)}, indent=1))
@@ -249,7 +229,7 @@ def register(subparsers) -> None:
     a = sub.add_parser("audit", help="empirical epsilon lower bound vs the claimed epsilon "
                        "(exit 1 when the claim is refuted)")
     counts, fedqhd = ONLY_FOR["counts"], ONLY_FOR["fedqhd"]  # their defaults, for the help
-    a.add_argument("--rho", type=_in_range_of("run", "privacy_rho", float), default=1.0,
+    a.add_argument("--rho", type=in_setting_range("run", "privacy_rho", float), default=1.0,
                    help="zCDP rho the release claims")
     a.add_argument("--delta", type=number_in(0, 1, low_open=True, high_open=True),
                    default=1e-5)
@@ -274,16 +254,16 @@ def register(subparsers) -> None:
     a.add_argument("--clipped", action="store_true", default=None,
                    help="counts: audit the output clipped at zero (post-processing: a weaker "
                    "test)")
-    a.add_argument("--horizon", type=_in_range_of("pool", "horizon", int),
+    a.add_argument("--horizon", type=in_setting_range("pool", "horizon", int),
                    help=f"counts: H (trajectory length; default {counts['horizon']})")
-    a.add_argument("--trajectories", type=_in_range_of("pool", "trajectories", int),
+    a.add_argument("--trajectories", type=in_setting_range("pool", "trajectories", int),
                    help=f"counts: trajectories in D (default {counts['trajectories']})")
-    a.add_argument("--chunks", type=_in_range_of("run", "privacy_chunks", int),
+    a.add_argument("--chunks", type=in_setting_range("run", "privacy_chunks", int),
                    help=f"fedqhd: m, the episode chunks (default {fedqhd['chunks']})")
-    a.add_argument("--clip-norm", type=_in_range_of("run", "privacy_clip_norm", float),
+    a.add_argument("--clip-norm", type=in_setting_range("run", "privacy_clip_norm", float),
                    help=f"fedqhd: R, each chunk's clip norm (default {fedqhd['clip_norm']}; small: "
                    "every chunk is clipped, the worst case)")
-    a.add_argument("--hd-dim", type=_in_range_of("run", "hd_dim", int),
+    a.add_argument("--hd-dim", type=in_setting_range("run", "hd_dim", int),
                    help=f"fedqhd: the encoder's dimension (default {fedqhd['hd_dim']})")
     a.add_argument("--anchors", type=at_least(0),
                    help="fedqhd: M > 0 audits the heterogeneous release (the chunks' "
@@ -292,7 +272,7 @@ def register(subparsers) -> None:
     a.add_argument("--episodes", type=at_least(1),
                    help="fedqhd: random CartPole episodes searched for the worst-case pair "
                    f"(default {fedqhd['episodes']})")
-    a.add_argument("--seed", type=_in_range_of("run", "seed", int), default=0,
+    a.add_argument("--seed", type=in_setting_range("run", "seed", int), default=0,
                    help="seeds the data and numpy noise")
     a.add_argument("--out", type=path_arg, help="write the result as JSON here")
     a.set_defaults(func=_audit)
