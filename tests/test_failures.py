@@ -298,6 +298,10 @@ def test_fedqhd_check_refuses_a_token_that_is_no_key_value_pair(
         assert f"--run-config {items!r}: {token} is not a key=value pair" in err
     err = _check_refused([str(ROOT), "--federation-config", "num-supernodes"], capsys)
     assert "--federation-config 'num-supernodes': 'num-supernodes' is not a key=value" in err
+    # a key twice in one string: flwr's own message names no key
+    err = _check_refused([str(ROOT), "--run-config", "seed=1 num-server-rounds=3 seed=2"],
+                         capsys)
+    assert "key 'seed' is given twice" in err
 
 
 def test_fedqhd_check_refuses_a_federation_config_flowers_simulation_would_not_run(

@@ -48,6 +48,12 @@ def parse_pairs(flag: str, items: list[str]) -> dict[str, Any]:
     without ``=20`` would run with the default."""
     from flwr.common.config import parse_config_args
 
+    for item in items:  # flwr refuses a key twice in one string, naming no key
+        keys = [] if item.endswith(".toml") else [k for k, _ in _PAIR.findall(item)]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ConfigError(f"{flag} {item!r}: key {twice[0]!r} is given twice (flwr run "
+                              "refuses it; give each key once)")
     try:
         parsed = parse_config_args(items or None)
     except Exception as exc:  # noqa: BLE001 (click, TOML and value errors alike)
