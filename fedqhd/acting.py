@@ -14,6 +14,7 @@ import numpy as np
 
 from fedqhd.envs.batch import GymBatch
 from fedqhd.online import NO_TIMER, OnlineClient, Timer
+from fedqhd.replay import replay
 
 __all__ = ["collect", "collect_many", "collect_td", "epsilon_schedule", "returns_to_go"]
 
@@ -144,16 +145,18 @@ def collect_td(cl: OnlineClient, n_episodes: int, epsilon: np.ndarray,
     "td"``, the FedQHD paper's learner): semi-gradient Q-learning on the client's features,
     ``w_a += td_rate * (r + gamma max_b Q(s', b) - Q(s, a)) phi(s)`` after each step, with
     ``epsilon[e]`` of episode ``e``. Truncation bootstraps, termination does not. The
-    readout changes (no transition is kept: the buffer stays empty). Returns the episode
-    returns and records them, their start values and realised discounted returns
-    (:meth:`~fedqhd.online.OnlineClient.value_bias`) and the transitions' count.
+    readout changes (the buffer stays empty; a client with ``replay`` keeps its latest
+    transitions raw and replays some after each episode, :func:`fedqhd.replay.replay`).
+    Returns the episode returns and records them, their start values and realised
+    discounted returns (:meth:`~fedqhd.online.OnlineClient.value_bias`) and the
+    transitions' count.
 
     The readout is worked on as rows per action, in float64, and the float32 features
     are widened once per step (a float32-by-float64 product widens on every call)."""
     if cl.n_parallel != 1:
         raise ValueError(f"a td client runs one episode at a time, got n_parallel "
                          f"{cl.n_parallel}")
-    rate, gamma = cl.td_rate, cl.gamma
+    rate, gamma, ring = cl.td_rate, cl.gamma, cl.replay_ring
     w = np.ascontiguousarray(cl.readout.T)  # (|A|, D): one contiguous row per action
     step = _one_env_step(cl.env)
     slot = np.zeros(1, dtype=np.int64)
@@ -161,7 +164,9 @@ def collect_td(cl: OnlineClient, n_episodes: int, epsilon: np.ndarray,
     steps = 0
     with timer("act-and-learn"):  # one section: a timer per step would cost 5 % of it
         for e in range(n_episodes):
-            phi = cl.encode(cl.env.reset(slot))[0].astype(np.float64)
+            state = cl.env.reset(slot)
+            phi = cl.encode(state)[0].astype(np.float64)
+            state, length = np.array(state[0]), 0
             q = w @ phi
             starts[e] = q.max()
             discount = 1.0
@@ -173,6 +178,9 @@ def collect_td(cl: OnlineClient, n_episodes: int, epsilon: np.ndarray,
                 realised[e] += discount * r
                 discount *= gamma
                 steps += 1
+                length += 1
+                if ring is not None:
+                    ring.add(state, a, r, obs, terminated)
                 next_phi = cl.encode(obs[None])[0].astype(np.float64)
                 next_q = w @ next_phi
                 target = r if terminated else r + gamma * float(next_q.max())
@@ -182,6 +190,11 @@ def collect_td(cl: OnlineClient, n_episodes: int, epsilon: np.ndarray,
                 if terminated:
                     break
                 phi, q = next_phi, next_q
+                if ring is not None:  # a batch env may step its observation in place
+                    state = np.array(obs)
+            if ring is not None:
+                replay(w, ring, cl.encode, cl.rng, int(cl.replay * length), cl.replay_rate,
+                       gamma)
     cl.readout = np.ascontiguousarray(w.T)
     cl.episode_returns.extend(returns.tolist())
     cl.start_values, cl.start_returns = starts, realised

@@ -346,6 +346,10 @@ class RunConfig:
             raise ConfigError(f"online setting 'obs-scale' = {list(self.online.obs_scale)} "
                               f"needs {get_spec(self.env_id).obs_dim} multipliers for "
                               f"{self.env_id}, got {len(self.online.obs_scale)}")
+        if self.online.td_replay and self.online.update != "td":
+            raise ConfigError(f"online setting 'td-replay' = {self.online.td_replay} replays a "
+                              "td client's transitions: it needs 'update' = 'td', got "
+                              f"{self.online.update!r} (an fqi client refits on its buffer)")
         if self.resume_from and (self.protocol == "online" or self.learner != "fqi"):
             raise ConfigError(
                 f"run-config key 'resume-from' needs 'learner' = 'fqi' and 'protocol' = "

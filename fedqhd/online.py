@@ -55,6 +55,7 @@ from fedqhd.gram import (
     unpack_upper,
 )
 from fedqhd.readout import bellman_targets, value_range
+from fedqhd.replay import ReplayRing
 from fedqhd.seeding import online_client_rng
 
 __all__ = [
@@ -218,6 +219,10 @@ class OnlineClient:
     td_rate : float
         The step of ``update="td"`` (features have norm about 1, so it is the fraction of
         the TD error corrected at the visited state).
+    replay, replay_rate, replay_size : float, float, int
+        ``update="td"``: after each episode, ``replay`` x its length further updates at
+        step ``replay_rate`` on transitions drawn from the latest ``replay_size``
+        (:mod:`fedqhd.replay`); 0: none.
     """
 
     def __init__(self, env_id: str, encoder: HDEncoder, *, gamma: float = 0.99,
@@ -226,13 +231,22 @@ class OnlineClient:
                  mc_mix: float = 0.0, mc_window: int = 100, ucb: float = 0.0,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
                  dynamics: dict[str, float] | None = None, form: str = "auto",
-                 update: str = "fqi", td_rate: float = 0.1) -> None:
+                 update: str = "fqi", td_rate: float = 0.1, replay: float = 0.0,
+                 replay_rate: float = 0.05, replay_size: int = 20000) -> None:
         spec = get_spec(env_id)
         if update not in UPDATES:
             raise ValueError(f"update must be one of {', '.join(UPDATES)}, got {update!r}")
         if not (math.isfinite(td_rate) and 0 < td_rate <= 2):
             raise ValueError(f"td_rate must be in (0, 2], got {td_rate}")
         self.update, self.td_rate = update, float(td_rate)
+        if not (math.isfinite(replay) and replay >= 0 and math.isfinite(replay_rate)
+                and 0 < replay_rate <= 2 and replay_size >= 1):
+            raise ValueError(f"replay must be >= 0, replay_rate in (0, 2] and replay_size >= 1; "
+                             f"got {replay}, {replay_rate}, {replay_size}")
+        if replay and update != "td":
+            raise ValueError("replay is a td client's (update='td'): an fqi client refits "
+                             "on its whole buffer")
+        self.replay, self.replay_rate = float(replay), float(replay_rate)
         self.env_id, self.encoder = env_id, encoder
         self.n_actions = spec.n_actions
         self.max_steps = spec.max_episode_steps
@@ -288,6 +302,8 @@ class OnlineClient:
         self.start_values = np.zeros(0)
         self.start_returns = np.zeros(0)
         self.timer = NO_TIMER
+        #: a td client's latest transitions, replayed after each episode (None: no replay)
+        self.replay_ring = (ReplayRing(int(replay_size), obs_dim) if self.replay else None)
 
     # ----------------------------------------------------------------- buffer
 
@@ -384,6 +400,8 @@ class OnlineClient:
                  "returns-to-go": self.returns_to_go[:n], "row-episode": self.row_episode[:n],
                  "episode-returns": np.asarray(self.episode_returns, dtype=np.float64)}
         arrays = {k: np.array(v) for k, v in views.items()}
+        if self.replay_ring is not None:
+            arrays.update(self.replay_ring.snapshot())
         arrays.update(pack_statistics(self.gram if self.form == "primal"
                                       else self.kernel[None, :n, :n],
                                       narrow=self.form == "dual"))
@@ -423,6 +441,8 @@ class OnlineClient:
         self.episode_returns = [float(r) for r in arrays["episode-returns"]]
         if not buffer:
             return
+        if self.replay_ring is not None:
+            self.replay_ring.restore(arrays)
         if reuse is self and self.size > n:
             raise ValueError(f"an in-place restore goes forward: this copy holds {self.size} "
                              f"rows, the snapshot {n}")

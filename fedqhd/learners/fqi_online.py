@@ -105,7 +105,9 @@ def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, d
                           per_episode=settings.per_episode,
                           n_parallel=1 if td else cfg.episodes_per_round,
                           seed=shard_seed(cfg.seed, pid), dynamics=dynamics,
-                          update=settings.update, td_rate=settings.td_rate)
+                          update=settings.update, td_rate=settings.td_rate,
+                          replay=settings.td_replay, replay_rate=settings.td_replay_rate,
+                          replay_size=settings.td_replay_size)
     return client, {"dynamics": dynamics}
 
 

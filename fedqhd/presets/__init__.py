@@ -110,6 +110,13 @@ class OnlineSettings(KeyedSettings):
                           "or td (Q-learning at every step while it collects, the paper's)")
     td_rate: float = setting(0.1, number(0.0, 2.0, lo_open=True),
                               "update = td: the step, as a fraction of the TD error")
+    td_replay: float = setting(0.0, number(0.0, 16.0), "update = td: after each episode, "
+                                "this many updates per step it took, on transitions drawn "
+                                "from the client's latest td-replay-size (0: no replay)")
+    td_replay_rate: float = setting(0.05, number(0.0, 2.0, lo_open=True),
+                                     "td-replay: the step of a replayed transition")
+    td_replay_size: int = setting(20000, number(1, 10_000_000, integer=True),
+                                   "td-replay: the latest this-many transitions are kept, raw")
 
 
 @dataclass(frozen=True)
