@@ -81,6 +81,29 @@ def test_online_run_is_the_same_whichever_actor_serves_a_node(tmp_path, monkeypa
     np.testing.assert_allclose(app_curve, bench_curve, rtol=1e-9, atol=0)
 
 
+def test_a_replaying_td_run_is_the_same_whichever_actor_serves_a_node(tmp_path, monkeypatch):
+    """A TD client's replay ring travels in its node state: a client rebuilt in another
+    process draws from the same transitions in the same slots."""
+    n = 3
+    preset = write_preset(tmp_path, "replay", **{
+        "hd-dim": 300, "gamma": 0.9, "update": "td", "td-rate": 0.2, "td-replay": 2.0,
+        "td-replay-size": 150, "episodes-per-round": 2})
+    cfg = RunConfig.from_run_config({
+        "protocol": "online", "preset": preset, "online-episodes": 16, "eval-episodes": 1,
+        "seed": 7, "min-nodes": n, "output-dir": str(tmp_path)})
+    actors = TwoActors(monkeypatch)
+    _, out = run_federation(InProcessGrid([actors] * n, run_config=cfg.to_run_config()),
+                            cfg)
+    monkeypatch.setattr(fqi_online, "_CLIENTS", {})
+    plain_cfg = cfg.replace(output_dir=str(tmp_path / "plain"))
+    _, plain_out = run_federation(
+        InProcessGrid([client_app] * n, run_config=plain_cfg.to_run_config()), plain_cfg)
+    curves = [[r[TRAIN_RETURN_LAST100] for r in json.loads((o / "results.json").read_text())
+               ["rounds"]] for o in (out, plain_out)]
+    assert min(actors.served) >= 5 and len(curves[0]) == 8
+    np.testing.assert_allclose(curves[0], curves[1], rtol=1e-9, atol=0)
+
+
 def test_a_stale_process_copy_is_never_used(tmp_path):
     """A process whose copy of a node is older than the node's context.state rebuilds
     the node from context.state; its copy is reused only at the same version."""
