@@ -166,7 +166,7 @@ def collect_td(cl: OnlineClient, n_episodes: int, epsilon: np.ndarray,
         for e in range(n_episodes):
             state = cl.env.reset(slot)
             phi = cl.encode(state)[0].astype(np.float64)
-            state, length = np.array(state[0]), 0
+            state, first = np.array(state[0]), steps
             q = w @ phi
             starts[e] = q.max()
             discount = 1.0
@@ -178,7 +178,6 @@ def collect_td(cl: OnlineClient, n_episodes: int, epsilon: np.ndarray,
                 realised[e] += discount * r
                 discount *= gamma
                 steps += 1
-                length += 1
                 if ring is not None:
                     ring.add(state, a, r, obs, terminated)
                 next_phi = cl.encode(obs[None])[0].astype(np.float64)
@@ -193,8 +192,8 @@ def collect_td(cl: OnlineClient, n_episodes: int, epsilon: np.ndarray,
                 if ring is not None:  # a batch env may step its observation in place
                     state = np.array(obs)
             if ring is not None:
-                replay(w, ring, cl.encode, cl.rng, int(cl.replay * length), cl.replay_rate,
-                       gamma)
+                replay(w, ring, cl.encode, cl.rng, int(cl.replay * (steps - first)),
+                       cl.replay_rate, gamma)
     cl.readout = np.ascontiguousarray(w.T)
     cl.episode_returns.extend(returns.tolist())
     cl.start_values, cl.start_returns = starts, realised

@@ -240,9 +240,9 @@ class OnlineClient:
             raise ValueError(f"td_rate must be in (0, 2], got {td_rate}")
         self.update, self.td_rate = update, float(td_rate)
         if not (math.isfinite(replay) and replay >= 0 and math.isfinite(replay_rate)
-                and 0 < replay_rate <= 2 and replay_size >= 1):
-            raise ValueError(f"replay must be >= 0, replay_rate in (0, 2] and replay_size >= 1; "
-                             f"got {replay}, {replay_rate}, {replay_size}")
+                and 0 < replay_rate <= 2):  # replay_size: checked by the ring it sizes
+            raise ValueError(f"replay must be >= 0 and replay_rate in (0, 2]; got {replay}, "
+                             f"{replay_rate}")
         if replay and update != "td":
             raise ValueError("replay is a td client's (update='td'): an fqi client refits "
                              "on its whole buffer")
