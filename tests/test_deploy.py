@@ -113,6 +113,7 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int, bytes | None]]:
 @pytest.mark.parametrize(("args", "says"), [
     (["-n", "0"], "argument -n/--num-supernodes: must be >= 1, got 0"),
     (["-n", "-1"], "argument -n/--num-supernodes: must be >= 1, got -1"),
+    (["-n", "100001"], "argument -n/--num-supernodes: must be <= 100000, got 100001"),
     (["--out", "{tmp}/emptydir"], "--out {tmp}/emptydir: is a folder; give a file name"),
     (["--out", ""], "argument --out: expected a path, got ''"),
     (["--out", "{tmp}/afile/x.yml"], "--out {tmp}/afile/x.yml: {tmp}/afile is a file, not a "
@@ -135,6 +136,7 @@ def test_compose_refuses_bad_arguments_in_one_line(args: list[str], says: str, t
 @pytest.mark.parametrize(("args", "says"), [
     (["-n", "0"], "argument -n/--num-supernodes: must be >= 1, got 0"),
     (["--rounds", "0"], "argument --rounds: must be >= 1, got 0"),
+    (["-n", "100001"], "argument -n/--num-supernodes: must be <= 100000, got 100001"),
     (["--episodes", "-2"], "argument --episodes: must be >= 1, got -2"),
     (["--timeout", "0"], "argument --timeout: must be in (0, inf), got 0"),
 ])
@@ -703,6 +705,7 @@ def test_certs_takes_comma_separated_names(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "says"), [
     (["-n", "0"], "argument -n/--num-supernodes: must be >= 1, got 0"),
     (["-n", "-2"], "argument -n/--num-supernodes: must be >= 1, got -2"),
+    (["-n", "100001"], "argument -n/--num-supernodes: must be <= 100000, got 100001"),
     (["--days", "-10"], "argument --days: must be >= 1, got -10"),
     (["--days", "0"], "argument --days: must be >= 1, got 0"),  # expired when written
     (["--days", "99999999"], "argument --days: must be <= 36500, got 99999999"),

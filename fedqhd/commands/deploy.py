@@ -33,6 +33,9 @@ __all__ = ["register"]
 
 MAX_DAYS = 36_500  #: a century: ``--days`` beyond it is a typo (dates end at year 9999)
 MAX_UID = 2**32 - 2  #: the largest uid/gid (``2**32 - 1`` is chown's "leave unchanged")
+#: most SuperNodes a deployment takes: the run config's bound on min-nodes (a larger -n is a
+#: typo that would write keys or start processes until stopped)
+MAX_SUPERNODES = 100_000
 
 
 def san(text: str) -> str:
@@ -54,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     certs = sub.add_parser("certs", help="CA + SuperLink TLS cert, SuperNode keys, secrets")
     certs.add_argument("--out", required=True, type=path_arg)
-    certs.add_argument("-n", "--num-supernodes", type=at_least(1), default=3,
+    certs.add_argument("-n", "--num-supernodes",
+                       type=at_most(MAX_SUPERNODES, at_least(1)), default=3,
                        help="SuperNodes 1..N get keys (default 3); those of SuperNodes above "
                             "N, left by an earlier run, are removed")
     certs.add_argument("--san", action="append", type=list_of(san), default=[],
@@ -71,7 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     certs.set_defaults(func=cmd_certs)
 
     compose = sub.add_parser("compose", help="write docker-compose.yml for N SuperNodes")
-    compose.add_argument("-n", "--num-supernodes", type=at_least(1), default=3)
+    compose.add_argument("-n", "--num-supernodes",
+                         type=at_most(MAX_SUPERNODES, at_least(1)), default=3)
     compose.add_argument("--out", type=path_arg, default=Path("docker-compose.yml"),
                          help="output file ('-' for stdout)")
     compose.add_argument("--force", action="store_true",
@@ -81,7 +86,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     local = sub.add_parser(
         "local", help="SuperLink + SuperExecs + SuperNodes as local processes, then flwr run")
-    local.add_argument("-n", "--num-supernodes", type=at_least(1), default=3)
+    local.add_argument("-n", "--num-supernodes",
+                       type=at_most(MAX_SUPERNODES, at_least(1)), default=3)
     local.add_argument("--workdir", type=Path, default=None,
                        help="credentials, logs, state, results (default: a temp folder)")
     local.add_argument("--shards", type=Path, default=None,
