@@ -108,6 +108,18 @@ def test_base_stock_behaviour():
         generate_dataset(m, 10, behaviour="bogus")
 
 
+def test_opendp_epsilon_beyond_its_map_is_cks_bound_not_an_error():
+    """OpenDP's zCDP-to-approxDP map overflows at large rho (a ledger may total up to 10^6);
+    the reported epsilon is then CKS's, valid for any rho-zCDP release, never below OpenDP's."""
+    d = 1e-5
+    eps = {rho: epsilon_opendp(rho, d) for rho in (1e4, 1e5, 1e6)}
+    assert eps[1e5] == epsilon_cks(1e5, d) and eps[1e6] == epsilon_cks(1e6, d)
+    assert eps[1e4] < epsilon_cks(1e4, d) < eps[1e5] < eps[1e6]
+    ledger = PrivacyLedger(1e6, d)
+    ledger.spend(5e5, noise="opendp-discrete-gaussian")
+    assert ledger.conversion == "opendp" and ledger.epsilon() == epsilon_cks(5e5, d)
+
+
 def test_epsilon_uses_the_conversion_valid_for_the_noise():
     d = 1e-5
     num, odp, mixed = (PrivacyLedger(100.0, d) for _ in range(3))
