@@ -441,11 +441,11 @@ class OnlineClient:
         self.episode_returns = [float(r) for r in arrays["episode-returns"]]
         if not buffer:
             return
-        if self.replay_ring is not None:
-            self.replay_ring.restore(arrays)
         if reuse is self and self.size > n:
             raise ValueError(f"an in-place restore goes forward: this copy holds {self.size} "
                              f"rows, the snapshot {n}")
+        if self.replay_ring is not None:
+            self.replay_ring.restore(arrays)
         # its filled slots (the rest was never encoded), if its features are ours to take
         k = 0 if reuse is None or reuse.features.shape[1] != self.dim else min(reuse.size, n)
         old = ((reuse.states[:k], reuse.next_states[:k]) if reuse is not None and k
