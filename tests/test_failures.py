@@ -362,6 +362,43 @@ def test_fedqhd_check_loads_every_data_dir_shard_as_its_client_will(
     assert {p.name: p.read_bytes() for p in shards.iterdir()} == before
 
 
+def test_fedqhd_check_counts_the_shards_it_loads_on_a_terminal_only(tmp_path: Path) -> None:
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    from fedqhd.data import client_shard, save_shard
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(3):
+        save_shard(client_shard("CartPole-v1", "iid", i, 3, 1, 0), shards / f"shard-{i}.npz")
+    argv = [str(BIN / "fedqhd"), "check", str(ROOT), "--run-config", f"data-dir='{shards}'",
+            "--federation-config", "num-supernodes=3"]
+    piped = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr  # a log stays clean
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # a bar's width
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=follower, timeout=120)
+        os.close(follower)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed: everything was read
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(leader)
+    assert proc.returncode == 0
+    assert b"loading data-dir shards:" in seen and b"/3 [" in seen, seen
+
+
 def test_config_errors_elsewhere_say_did_you_mean() -> None:
     with pytest.raises(ConfigError, match=r"'hd-dims' \(did you mean 'hd-dim'\?\)"):
         RunConfig.from_run_config({"hd-dims": 100})

@@ -114,7 +114,10 @@ def check_data_dir(cfg: RunConfig, num_partitions: int) -> None:
     """Load each partition's shard from ``data-dir`` as its client will (a simulation
     node's default limits), so a corrupt shard fails here, not in round 1; then refuse a
     folder that ``fedqhd data inspect`` finds inconsistent
-    (:func:`~fedqhd.data.folder.folder_problems`: the first problem and how many more)."""
+    (:func:`~fedqhd.data.folder.folder_problems`: the first problem and how many more).
+    On a terminal a progress bar counts the shards."""
+    from tqdm import tqdm
+
     from fedqhd.data import ShardError, client_shard, load_shard, shard_filename
     from fedqhd.data.folder import folder_problems, shard_files
     from fedqhd.server.preflight import check_shards
@@ -124,7 +127,9 @@ def check_data_dir(cfg: RunConfig, num_partitions: int) -> None:
     folder = Path(cfg.data_dir).expanduser()
     metadata: dict[Path, dict[str, Any] | None] = {}
     transitions: dict[Path, int] = {}
-    for i in range(num_partitions):
+    # a bar on a terminal only (tqdm's disable=None): a log stays clean
+    for i in tqdm(range(num_partitions), desc="loading data-dir shards", unit="shard",
+                  disable=None, leave=False):
         try:
             shard = client_shard(cfg.env_id, cfg.partition, i, num_partitions,
                                  cfg.episodes_per_client, cfg.seed, data_dir=cfg.data_dir)
