@@ -204,7 +204,9 @@ def collect_td(cl: OnlineClient, n_episodes: int, epsilon: np.ndarray,
 def _one_env_step(env: Any) -> Callable[[int], tuple[np.ndarray, float, bool]]:
     """``action -> (next observation, reward, terminated)`` of a one-slot batch env: a
     gymnasium env is stepped directly (its batch wrapper's bookkeeping costs as much as
-    Box2D's step)."""
+    Box2D's step), a numpy stepper by its scalar ``step_one`` where it has one."""
+    if hasattr(env, "step_one"):
+        return env.step_one
     if isinstance(env, GymBatch):
         inner = env.envs[0]
 

@@ -63,6 +63,33 @@ def test_batch_stepper_equals_gymnasium(env_id, cls, dynamics):
             batch.reset(done)
 
 
+@pytest.mark.parametrize("dynamics", [None, {"link_mass_1": 1.2, "link_length_2": 0.8}])
+def test_acrobot_step_one_is_step_to_the_bit(dynamics):
+    # a TD client steps one episode in Python floats: the same bits as the numpy step,
+    # from gentle starts and from fast swings (wrapping, velocity clipping, termination)
+    rng = np.random.default_rng(3)
+    steps = terminations = 0
+    for start in range(40):
+        vector, scalar = (AcrobotBatch(1, np.random.default_rng(start), dynamics)
+                          for _ in range(2))
+        state = vector.reset(np.arange(1)) if start % 2 else None
+        if state is None:
+            vector.state[0] = rng.uniform(-1, 1, size=4) * [3, 3, 12, 28]
+        scalar.state = vector.state.copy()
+        for _ in range(50):
+            action = int(rng.integers(3))
+            obs, reward, terminated = vector.step(np.array([action]))
+            obs1, reward1, terminated1 = scalar.step_one(action)
+            steps += 1
+            assert obs1.dtype == np.float32 and obs1.tobytes() == obs[0].tobytes()
+            assert scalar.state.tobytes() == vector.state.tobytes()
+            assert (reward1, terminated1) == (reward[0], bool(terminated[0]))
+            if terminated1:
+                terminations += 1
+                break
+    assert steps > 1000 and terminations > 5  # the cases above were reached
+
+
 def _client(form, capacity, dim=40, seed=0):
     enc = HDEncoder(dim, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
     enc.fit(np.zeros((1, 4)))
