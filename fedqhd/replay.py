@@ -6,7 +6,7 @@ encoded again when drawn), and after each episode makes ``td-replay`` x the epis
 length further TD updates, at step ``td-replay-rate``, on transitions drawn uniformly
 from them: the older experience a tracking TD learner forgets is learnt again, as DQN's
 buffer does for its network. Acrobot's shared preset takes it: paired with no replay, +2.6
-(SE 1.2) last-100 return on 20 fresh seeds at 1.3x the CPU, though about one run in ten
+(SE 1.2) last-100 return on 20 fresh seeds at twice the CPU, though about one run in ten
 then stalls on a worse policy; on LunarLander and on heterogeneous Acrobot it lost
 (BENCHMARKS.md, "Online presets" and the Acrobot paragraph).
 """
