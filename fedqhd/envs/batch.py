@@ -168,8 +168,9 @@ class AcrobotBatch:
     def step_one(self, action: int) -> tuple[np.ndarray, float, bool]:
         """:meth:`step` of a one-slot batch in Python floats (the same operations in the
         same order, so the same bits: tested), for a TD client's step-by-step episodes,
-        where numpy's per-call cost on length-1 arrays made the step 3/4 of the learner's
-        time: ``action -> (observation, reward, terminated)``."""
+        where numpy's per-call cost on length-1 arrays made the step 70 % of the learner's
+        time (96 of 137 us a step, D 10,000): ``action -> (observation, reward,
+        terminated)``."""
         m1, m2, l1, lc1, lc2 = self.m1, self.m2, self.l1, self.lc1, self.lc2
         g, two_pi, pi = 9.8, 2 * math.pi, math.pi
         a = float(action) - 1.0
