@@ -164,7 +164,6 @@ class AcrobotBatch:
         terminated = -np.cos(ns[:, 0]) - np.cos(ns[:, 1] + ns[:, 0]) > 1.0
         return self._obs(ns), np.where(terminated, 0.0, -1.0), terminated
 
-
     def step_one(self, action: int) -> tuple[np.ndarray, float, bool]:
         """:meth:`step` of a one-slot batch in Python floats (the same operations in the
         same order, so the same bits: tested), for a TD client's step-by-step episodes,
