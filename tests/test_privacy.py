@@ -158,6 +158,26 @@ def test_ledgers_lists_every_readable_ledger_and_names_what_is_wrong_with_each_b
         assert f"{name}.json is unreadable ({why}" in line, line
 
 
+def test_ledgers_report_epsilon_at_the_delta_asked_for(tmp_path, capsys):
+    from fedqhd.commands.main import main
+    from fedqhd.privacy.ledger import epsilon_exact
+
+    ledger = PrivacyLedger(10.0, 1e-5, "c0")
+    ledger.spend(1.0, noise="numpy-gaussian")
+    (tmp_path / "aa.json").write_text(ledger.to_json())
+    for argv, delta in (([], 1e-5), (["--delta", "1e-9"], 1e-9)):
+        assert main(["privacy", "ledgers", "--ledger-dir", str(tmp_path), *argv]) == 0
+        out = capsys.readouterr().out
+        assert f"epsilon at delta {delta:g}: {epsilon_exact(1.0, delta):.3f} (exact-gaussian)" \
+            in out, out
+    assert epsilon_exact(1.0, 1e-9) > epsilon_exact(1.0, 1e-5) + 1  # the two lines differ
+    for bad in ("0", "1", "-1e-5", "x"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["privacy", "ledgers", "--ledger-dir", str(tmp_path), "--delta", bad])
+        assert exit_.value.code == 2
+        assert "--delta" in capsys.readouterr().err
+
+
 def test_ledgers_refuses_a_named_folder_that_is_not_there(tmp_path, capsys, monkeypatch,
                                                           private_ledger_dir):
     from fedqhd.commands.main import main

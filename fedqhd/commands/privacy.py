@@ -210,12 +210,13 @@ def _ledgers(a: argparse.Namespace) -> int:
             continue
         if ledger is None:  # removed since the listing
             continue
-        eps = ledger.epsilon()
+        delta = ledger.delta if a.delta is None else a.delta
+        eps = ledger.epsilon(delta)
         shown = (f"inf ({ledger.conversion}: seeded noise, no privacy)" if eps == float("inf")
                  else f"{eps:.3f} ({ledger.conversion})")
         print(f"{path.stem[:12]}  {ledger.client_id}: rho spent {ledger.rho_spent:g} of "
               f"{ledger.budget_rho:g} in {len(ledger.entries)} entries; epsilon at delta "
-              f"{ledger.delta:g}: {shown}")
+              f"{delta:g}: {shown}")
     if bad:
         print(f"fedqhd privacy ledgers: {bad} of {len(paths)} ledger file(s) unreadable",
               file=sys.stderr)
@@ -280,4 +281,7 @@ def register(subparsers) -> None:
     led.add_argument("--ledger-dir", help="the node's ledger folder (default: "
                      "$FEDQHD_LEDGER_DIR, else ~/.fedqhd/ledgers); exits 1 when a ledger "
                      "file is unreadable")
+    led.add_argument("--delta", type=number_in(0, 1, low_open=True, high_open=True),
+                     help="report epsilon at this delta (default: the delta each ledger "
+                     "was written with, run-config privacy-delta; rho is what composes)")
     led.set_defaults(func=_ledgers)
