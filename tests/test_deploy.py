@@ -371,6 +371,23 @@ def test_launcher_runs_two_rounds(deployment: LocalDeployment) -> None:
 
 
 @pytest.mark.slow
+def test_a_run_without_results_reports_what_the_superlink_recorded(
+        deployment: LocalDeployment) -> None:
+    # the ServerApp refuses the config: flwr run streams its one line and ends without
+    # results; the error adds the SuperLink's status of the run and the SuperExec's log
+    with pytest.raises(DeploymentError) as failed:
+        deployment.run({"num-server-rounds": 1, "min-nodes": 3, **FAST, "hd-dim": 3},
+                       timeout_s=300)
+    message = str(failed.value)
+    assert "run-config key 'hd-dim' = 3 is invalid" in message, message
+    status = re.search(r"\$ flwr ls --run-id (\d+): (.*)\nsuperexec-serverapp log:\n", message,
+                       re.S)
+    assert status is not None, message
+    assert status.group(1) in message.split("$ flwr ls")[0]  # the run flwr run started
+    assert "finished" in status.group(2), status.group(2)
+
+
+@pytest.mark.slow
 def test_no_shard_leaves_its_node(deployment: LocalDeployment, shards: Path) -> None:
     """The SuperLink, the ServerApp's SuperExec and the ServerApp never open, list or
     copy a shard folder (audit hook in each of those processes)."""

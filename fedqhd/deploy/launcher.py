@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -516,12 +517,29 @@ class LocalDeployment:
             report(row)
         if service.proc.returncode != 0:
             raise DeploymentError(f"flwr run failed ({service.proc.returncode}):\n"
-                                  f"{service.log_tail()}")
+                                  f"{service.log_tail()}\n{self.run_status(service)}")
         results = self.latest_results()
         if results is None or "final" not in json.loads(results.read_text()):
             raise DeploymentError(f"flwr run ended without a final results.json:\n"
-                                  f"{service.log_tail()}")
+                                  f"{service.log_tail()}\n{self.run_status(service)}")
         return results
+
+    def run_status(self, service: Service) -> str:
+        """Why a run may have ended without results: the SuperLink's record of the run
+        ``service`` (``flwr run``) started (``flwr ls --run-id``: its status and sub-status,
+        e.g. ``finished:failed``) and the last lines of the ServerApp's SuperExec, which
+        ``flwr run --stream`` does not show when the ServerApp never started."""
+        match = re.search(r"Successfully started run (\d+)", service.log_tail(1_000_000))
+        if match is None:
+            return "(flwr run started no run)"
+        done = self.flwr("ls", CONNECTION, "--run-id", match.group(1), "--format", "json",
+                         timeout_s=30.0, check=False)
+        lines = [f"$ flwr ls --run-id {match.group(1)}: "
+                 f"{(done.stdout.strip() or done.stderr.strip())[-1500:]}"]
+        superexec = self.services.get("superexec-serverapp")
+        if superexec is not None:
+            lines.append(f"superexec-serverapp log:\n{superexec.log_tail(1500)}")
+        return "\n".join(lines)
 
     def run(self, run_config: Mapping[str, Any] | None = None,
             timeout_s: float = 600.0) -> Path:
