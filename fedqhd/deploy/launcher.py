@@ -527,15 +527,18 @@ class LocalDeployment:
     def run_status(self, service: Service) -> str:
         """Why a run may have ended without results: the SuperLink's record of the run
         ``service`` (``flwr run``) started (``flwr ls --run-id``: its status and sub-status,
-        e.g. ``finished:failed``) and the last lines of the ServerApp's SuperExec, which
-        ``flwr run --stream`` does not show when the ServerApp never started."""
+        e.g. ``finished:failed`` and why) and the last lines of the ServerApp's SuperExec:
+        ``flwr run --stream`` may show nothing of a ServerApp that fails as it starts."""
         match = re.search(r"Successfully started run (\d+)", service.log_tail(1_000_000))
         if match is None:
             return "(flwr run started no run)"
-        done = self.flwr("ls", CONNECTION, "--run-id", match.group(1), "--format", "json",
-                         timeout_s=30.0, check=False)
-        lines = [f"$ flwr ls --run-id {match.group(1)}: "
-                 f"{(done.stdout.strip() or done.stderr.strip())[-1500:]}"]
+        try:  # the error being reported must not turn into this one's
+            done = self.flwr("ls", CONNECTION, "--run-id", match.group(1), "--format", "json",
+                             timeout_s=30.0, check=False)
+            said = (done.stdout.strip() or done.stderr.strip())[-1500:]
+        except (subprocess.TimeoutExpired, OSError) as exc:
+            said = f"(no answer: {exc})"
+        lines = [f"$ flwr ls --run-id {match.group(1)}: {said}"]
         superexec = self.services.get("superexec-serverapp")
         if superexec is not None:
             lines.append(f"superexec-serverapp log:\n{superexec.log_tail(1500)}")
