@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -127,31 +127,38 @@ class AcrobotBatch:
         return np.stack([np.cos(s[:, 0]), np.sin(s[:, 0]), np.cos(s[:, 1]), np.sin(s[:, 1]),
                          s[:, 2], s[:, 3]], axis=1).astype(np.float32)
 
-    def _dsdt(self, s: np.ndarray, a: np.ndarray) -> np.ndarray:
+    def _rk4(self, y: tuple[Any, ...], a: Any, cos: Callable[[Any], Any],
+             sin: Callable[[Any], Any]) -> tuple[Any, ...]:
+        """One RK4 step of ``dt`` of the book equations with the torque ``a`` held, from
+        the state's four components: the batch's columns (arrays, ``np.cos``) or one slot's
+        floats (``math.cos``, :meth:`step_one`), the same operations in the same order."""
         m1, m2, l1, lc1, lc2 = self.m1, self.m2, self.l1, self.lc1, self.lc2
         i1 = i2 = 1.0
         g = 9.8
-        theta1, theta2, dtheta1, dtheta2 = s.T
-        d1 = m1 * lc1**2 + m2 * (l1**2 + lc2**2 + 2 * l1 * lc2 * np.cos(theta2)) + i1 + i2
-        d2 = m2 * (lc2**2 + l1 * lc2 * np.cos(theta2)) + i2
-        phi2 = m2 * lc2 * g * np.cos(theta1 + theta2 - math.pi / 2.0)
-        phi1 = (-m2 * l1 * lc2 * dtheta2**2 * np.sin(theta2)
-                - 2 * m2 * l1 * lc2 * dtheta2 * dtheta1 * np.sin(theta2)
-                + (m1 * lc1 + m2 * l1) * g * np.cos(theta1 - math.pi / 2) + phi2)
-        ddtheta2 = ((a + d2 / d1 * phi1 - m2 * l1 * lc2 * dtheta1**2 * np.sin(theta2) - phi2)
-                    / (m2 * lc2**2 + i2 - d2**2 / d1))
-        ddtheta1 = -(d2 * ddtheta2 + phi1) / d1
-        return np.stack([dtheta1, dtheta2, ddtheta1, ddtheta2], axis=1)
+
+        def dsdt(theta1: Any, theta2: Any, dtheta1: Any, dtheta2: Any) -> tuple[Any, ...]:
+            d1 = m1 * lc1**2 + m2 * (l1**2 + lc2**2 + 2 * l1 * lc2 * cos(theta2)) + i1 + i2
+            d2 = m2 * (lc2**2 + l1 * lc2 * cos(theta2)) + i2
+            phi2 = m2 * lc2 * g * cos(theta1 + theta2 - math.pi / 2.0)
+            phi1 = (-m2 * l1 * lc2 * (dtheta2 * dtheta2) * sin(theta2)
+                    - 2 * m2 * l1 * lc2 * dtheta2 * dtheta1 * sin(theta2)
+                    + (m1 * lc1 + m2 * l1) * g * cos(theta1 - math.pi / 2) + phi2)
+            ddtheta2 = ((a + d2 / d1 * phi1 - m2 * l1 * lc2 * (dtheta1 * dtheta1) * sin(theta2)
+                         - phi2) / (m2 * lc2**2 + i2 - (d2 * d2) / d1))
+            return dtheta1, dtheta2, -(d2 * ddtheta2 + phi1) / d1, ddtheta2
+
+        dt = self.dt
+        dt2 = dt / 2.0
+        k1 = dsdt(*y)
+        k2 = dsdt(*(v + dt2 * k for v, k in zip(y, k1, strict=True)))
+        k3 = dsdt(*(v + dt2 * k for v, k in zip(y, k2, strict=True)))
+        k4 = dsdt(*(v + dt * k for v, k in zip(y, k3, strict=True)))
+        return tuple(v + dt / 6.0 * (p + 2 * q + 2 * r + s)
+                     for v, p, q, r, s in zip(y, k1, k2, k3, k4, strict=True))
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         torque = np.asarray(actions, dtype=np.float64) - 1.0  # (-1, 0, +1)
-        y0, dt = self.state, self.dt
-        dt2 = dt / 2.0
-        k1 = self._dsdt(y0, torque)
-        k2 = self._dsdt(y0 + dt2 * k1, torque)
-        k3 = self._dsdt(y0 + dt2 * k2, torque)
-        k4 = self._dsdt(y0 + dt * k3, torque)
-        ns = y0 + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+        ns = np.stack(self._rk4(tuple(self.state.T), torque, np.cos, np.sin), axis=1)
         for j in (0, 1):  # gymnasium's wrap(): subtract / add 2 pi until inside
             col = ns[:, j]
             while (col > math.pi).any():
@@ -165,41 +172,17 @@ class AcrobotBatch:
         return self._obs(ns), np.where(terminated, 0.0, -1.0), terminated
 
     def step_one(self, action: int) -> tuple[np.ndarray, float, bool]:
-        """:meth:`step` of a one-slot batch in Python floats (the same operations in the
-        same order, so the same bits: tested), for a TD client's step-by-step episodes,
-        where numpy's per-call cost on length-1 arrays made the step 70 % of the learner's
-        time (96 of 137 us a step, D 10,000): ``action -> (observation, reward,
-        terminated)``."""
-        m1, m2, l1, lc1, lc2 = self.m1, self.m2, self.l1, self.lc1, self.lc2
-        g, two_pi, pi = 9.8, 2 * math.pi, math.pi
-        a = float(action) - 1.0
-
-        def dsdt(t1: float, t2: float, d1_: float, d2_: float) -> tuple[float, ...]:
-            d1 = (m1 * lc1**2 + m2 * (l1**2 + lc2**2 + 2 * l1 * lc2 * math.cos(t2)) + 1.0
-                  + 1.0)
-            d2 = m2 * (lc2**2 + l1 * lc2 * math.cos(t2)) + 1.0
-            phi2 = m2 * lc2 * g * math.cos(t1 + t2 - pi / 2.0)
-            phi1 = (-m2 * l1 * lc2 * (d2_ * d2_) * math.sin(t2)
-                    - 2 * m2 * l1 * lc2 * d2_ * d1_ * math.sin(t2)
-                    + (m1 * lc1 + m2 * l1) * g * math.cos(t1 - pi / 2) + phi2)
-            dd2 = ((a + d2 / d1 * phi1 - m2 * l1 * lc2 * (d1_ * d1_) * math.sin(t2) - phi2)
-                   / (m2 * lc2**2 + 1.0 - (d2 * d2) / d1))
-            return d1_, d2_, -(d2 * dd2 + phi1) / d1, dd2
-
-        y = self.state[0].tolist()
-        dt = self.dt
-        dt2 = dt / 2.0
-        k1 = dsdt(*y)
-        k2 = dsdt(*(v + dt2 * k for v, k in zip(y, k1, strict=True)))
-        k3 = dsdt(*(v + dt2 * k for v, k in zip(y, k2, strict=True)))
-        k4 = dsdt(*(v + dt * k for v, k in zip(y, k3, strict=True)))
-        ns = [v + dt / 6.0 * (p + 2 * q + 2 * r + s)
-              for v, p, q, r, s in zip(y, k1, k2, k3, k4, strict=True)]
+        """:meth:`step` of a one-slot batch in Python floats (the same bits: tested), for
+        a TD client's step-by-step episodes, where numpy's per-call cost on length-1
+        arrays made the step 70 % of the learner's time (96 of 137 us a step, D 10,000):
+        ``action -> (observation, reward, terminated)``."""
+        ns = list(self._rk4(tuple(self.state[0].tolist()), float(action) - 1.0, math.cos,
+                            math.sin))
         for j in (0, 1):
-            while ns[j] > pi:
-                ns[j] -= two_pi
-            while ns[j] < -pi:
-                ns[j] += two_pi
+            while ns[j] > math.pi:
+                ns[j] -= 2 * math.pi
+            while ns[j] < -math.pi:
+                ns[j] += 2 * math.pi
         ns[2] = min(max(ns[2], -self.max_vel_1), self.max_vel_1)
         ns[3] = min(max(ns[3], -self.max_vel_2), self.max_vel_2)
         self.state[0] = ns
