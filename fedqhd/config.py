@@ -280,9 +280,6 @@ class RunConfig:
         "chunk's advantage readout (centred over actions) is clipped to (on M anchors its "
         "advantages to R sqrt(M)); dp-fedavg: C, the L2 norm each client's network update "
         "is clipped to"))
-    privacy_delta: float = field(default=1e-5, metadata=_key(
-        _float_range(0.0, 1.0, lo_open=True, hi_open=True),
-        "privacy = zcdp, dp-fedavg: delta of the reported epsilon"))
     #: the POOL learner's settings, from the preset (not a run-config key)
     pool: PoolSettings = field(default=PoolSettings(), init=False,
                                metadata={"check": lambda v: None, "key": False})

@@ -283,5 +283,5 @@ def register(subparsers) -> None:
                      "file is unreadable")
     led.add_argument("--delta", type=number_in(0, 1, low_open=True, high_open=True),
                      help="report epsilon at this delta (default: the delta each ledger "
-                     "was written with, run-config privacy-delta; rho is what composes)")
+                     "was written with, 1e-5; rho is what composes)")
     led.set_defaults(func=_ledgers)

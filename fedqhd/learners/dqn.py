@@ -82,6 +82,7 @@ from fedqhd.learners.base import (
 from fedqhd.learners.fqi import anchor_plan, generated_shard_problem, node_shard
 from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, with_train_return
 from fedqhd.learners.nodestate import NodeStates
+from fedqhd.privacy.ledger import REPORTED_DELTA
 from fedqhd.seeding import SERVER, dqn_offline_rng, evaluation_seed
 from fedqhd.strategies import FedQHDAvg
 from fedqhd.strategies import contract as C
@@ -383,10 +384,11 @@ def dp_noise_multiplier(cfg: RunConfig) -> float:
 
 
 def dp_report(cfg: RunConfig) -> dict[str, Any]:
-    """DP-FedAvg's settings and epsilon(``privacy-delta``) (:func:`fedqhd.strategies.dp.
-    accounting`; ``min-nodes`` is the ``n`` the noise is calibrated on)."""
+    """DP-FedAvg's settings and epsilon at :data:`~fedqhd.privacy.ledger.REPORTED_DELTA`
+    (:func:`fedqhd.strategies.dp.accounting`; ``min-nodes`` is the ``n`` the noise is
+    calibrated on)."""
     return accounting(dp_noise_multiplier(cfg), cfg.privacy_clip_norm, cfg.min_nodes,
-                      cfg.num_server_rounds, cfg.privacy_delta)
+                      cfg.num_server_rounds, REPORTED_DELTA)
 
 
 LEARNER = DeepBaselines()

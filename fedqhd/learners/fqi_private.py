@@ -85,6 +85,7 @@ from fedqhd.data import Shard
 from fedqhd.gram import value_range
 from fedqhd.node_config import NodeSettings
 from fedqhd.privacy import NumpyNoise, PrivacyLedger, make_noise_source, release_real
+from fedqhd.privacy.ledger import REPORTED_DELTA
 from fedqhd.privacy.store import LedgerStore, data_fingerprint, ledger_dir
 from fedqhd.readout import bellman_targets
 from fedqhd.seeding import pool_noise_seed
@@ -298,7 +299,7 @@ def private_readout(context: Context, cfg: RunConfig, model: PrivateReadout, pid
     source = (NumpyNoise(np.random.default_rng(entropy)) if node.reproducible_noise
               else make_noise_source(node.noise))
     with LedgerStore(ledger_dir(context.node_config)).open(
-            ledger_key or model.fingerprint, node.rho_budget, cfg.privacy_delta,
+            ledger_key or model.fingerprint, node.rho_budget, REPORTED_DELTA,
             f"partition-{pid}") as ledger:
         if STATE_RELEASE not in context.state or rounds > 1:
             # release_real charges the ledger (refusing beyond the budget) before any

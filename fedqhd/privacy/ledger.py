@@ -119,6 +119,11 @@ def epsilon_by(conversion: str, rho: float, delta: float) -> float:
     return _CONVERSIONS[conversion](rho, delta)
 
 
+#: the delta a run reports epsilon at (the issue's and the literature's 1e-5); rho is what a
+#: ledger composes, so ``fedqhd privacy ledgers --delta`` answers for any other
+REPORTED_DELTA = 1e-5
+
+
 @dataclass
 class PrivacyLedger:
     """What one client has released, and how much more it may release.
@@ -134,7 +139,7 @@ class PrivacyLedger:
     """
 
     budget_rho: float
-    delta: float = 1e-5
+    delta: float = REPORTED_DELTA
     client_id: str = "client"
     entries: list[dict[str, Any]] = field(default_factory=list)
 
