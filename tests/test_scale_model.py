@@ -24,7 +24,14 @@ def test_measure_counts_the_messages_bytes_and_both_cache_paths() -> None:
         assert p.client_s > 0 and p.server_s_per_round > 0
     assert hit.node_bytes > 500 * 8  # at least the encoded shard's rows
     assert build.node_bytes == 0.0  # learner-cache-mib = 0: nothing kept
-    assert build.client_s > 1.5 * hit.client_s  # a rebuild encodes the shard again
+    # a rebuild encodes the shard again: 2-2.6x the CPU of a hit on an idle machine. CPU
+    # times of a few ms a message wander on a loaded one (a hit measured 1.3-3.3 ms beside
+    # other jobs), so two more pairs are measured before this fails
+    ratios = [build.client_s / hit.client_s]
+    while ratios[-1] <= 1.5 and len(ratios) < 3:
+        ratios.append(measure_in_child("CartPole-v1", 500, 6, rounds=4, cached=False).client_s
+                      / measure_in_child("CartPole-v1", 500, 6, rounds=4).client_s)
+    assert ratios[-1] > 1.5, ratios
 
 
 def test_fit_takes_the_server_slope_and_fixed_part_from_two_sizes() -> None:
