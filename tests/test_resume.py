@@ -172,6 +172,17 @@ def test_resume_of_another_config_is_refused_naming_the_keys(tmp_path):
                                    resume_from=str(tmp_path))).checkpoint.round == 1
 
 
+def test_a_checkpoint_naming_a_retired_key_is_refused_as_an_older_versions(tmp_path):
+    """privacy-delta left the run config; a checkpoint that records it cannot be resumed,
+    and the error says why instead of asking for a key no run config may give."""
+    cfg = RunConfig(**TINY)
+    ckpt = _checkpoint(tmp_path, cfg)
+    ckpt.config = {**ckpt.config, "privacy-delta": 1e-5}
+    ckpt.save(tmp_path)
+    with pytest.raises(CheckpointError, match=r"older fedqhd .*\['privacy-delta'\]"):
+        open_resume(cfg.replace(resume_from=str(tmp_path)))
+
+
 def test_missing_or_corrupt_checkpoint_is_refused(tmp_path):
     cfg = RunConfig(**TINY).replace(resume_from=str(tmp_path))
     with pytest.raises(CheckpointError, match="no checkpoint.npz"):

@@ -46,6 +46,12 @@ def open_resume(cfg: RunConfig) -> Resume:
     checkpoint = Checkpoint.load(run_dir)
     current = cfg.to_run_config()
     differing = config_differences(checkpoint.config, current)
+    retired = [k for k in differing if k not in current]
+    if retired:
+        raise CheckpointError(f"resume-from {run_dir}: the checkpoint was written by an "
+                              f"older fedqhd whose run config had {retired}, keys this "
+                              "version no longer has; a resumed run must be the same run, "
+                              "so start it again instead")
     if differing:
         detail = "; ".join(f"{k}: checkpoint {checkpoint.config.get(k)!r}, now "
                            f"{current.get(k)!r}" for k in differing)
