@@ -146,7 +146,8 @@ def collect_td(cl: OnlineClient, n_episodes: int, epsilon: np.ndarray,
     ``w_a += td_rate * (r + gamma max_b Q(s', b) - Q(s, a)) phi(s)`` after each step, with
     ``epsilon[e]`` of episode ``e``. Truncation bootstraps, termination does not. The
     readout changes (the buffer stays empty; a client with ``replay`` keeps its latest
-    transitions raw and replays some after each episode, :func:`fedqhd.replay.replay`).
+    transitions raw and, from its ``replay_start``-th episode on, replays some after each
+    episode, :func:`fedqhd.replay.replay`).
     Returns the episode returns and records them, their start values and realised
     discounted returns (:meth:`~fedqhd.online.OnlineClient.value_bias`) and the
     transitions' count.
@@ -191,7 +192,7 @@ def collect_td(cl: OnlineClient, n_episodes: int, epsilon: np.ndarray,
                 phi, q = next_phi, next_q
                 if ring is not None:  # a batch env may step its observation in place
                     state = np.array(obs)
-            if ring is not None:
+            if ring is not None and len(cl.episode_returns) + e >= cl.replay_start:
                 replay(w, ring, cl.encode, cl.rng, int(cl.replay * (steps - first)),
                        cl.replay_rate, gamma)
     cl.readout = np.ascontiguousarray(w.T)

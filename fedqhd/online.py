@@ -223,6 +223,9 @@ class OnlineClient:
         ``update="td"``: after each episode, ``replay`` x its length further updates at
         step ``replay_rate`` on transitions drawn from the latest ``replay_size``
         (:mod:`fedqhd.replay`); 0: none.
+    replay_start : int
+        Replay begins after the client's first ``replay_start`` episodes (they are kept,
+        and learnt from once as they happen).
     """
 
     def __init__(self, env_id: str, encoder: HDEncoder, *, gamma: float = 0.99,
@@ -232,7 +235,8 @@ class OnlineClient:
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
                  dynamics: dict[str, float] | None = None, form: str = "auto",
                  update: str = "fqi", td_rate: float = 0.1, replay: float = 0.0,
-                 replay_rate: float = 0.05, replay_size: int = 20000) -> None:
+                 replay_rate: float = 0.05, replay_size: int = 20000,
+                 replay_start: int = 0) -> None:
         spec = get_spec(env_id)
         if update not in UPDATES:
             raise ValueError(f"update must be one of {', '.join(UPDATES)}, got {update!r}")
@@ -243,10 +247,13 @@ class OnlineClient:
                 and 0 < replay_rate <= 2):  # replay_size: checked by the ring it sizes
             raise ValueError(f"replay must be >= 0 and replay_rate in (0, 2]; got {replay}, "
                              f"{replay_rate}")
+        if replay_start < 0:
+            raise ValueError(f"replay_start must be >= 0 episodes, got {replay_start}")
         if replay and update != "td":
             raise ValueError("replay is a td client's (update='td'): an fqi client refits "
                              "on its whole buffer")
         self.replay, self.replay_rate = float(replay), float(replay_rate)
+        self.replay_start = int(replay_start)
         self.env_id, self.encoder = env_id, encoder
         self.n_actions = spec.n_actions
         self.max_steps = spec.max_episode_steps

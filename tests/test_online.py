@@ -690,11 +690,29 @@ def test_replay_makes_a_td_client_learn_cartpole_faster():
     assert min(gains) > 1.2 and np.mean(gains) > 1.8, gains
 
 
+def test_replay_begins_after_the_clients_first_replay_start_episodes_across_rounds():
+    """A client with ``replay_start=3`` learns exactly as one without replay over its
+    first three episodes (collected in two rounds), keeping their transitions, and
+    replays after its fourth, counted over its rounds, not within one."""
+    late = _td_client(td_rate=0.2, replay=2.0, replay_rate=0.05, replay_start=3)
+    plain = _td_client(td_rate=0.2)
+    for n in (2, 1):  # two rounds: episodes 1-2, then 3
+        collect(late, n, 0.5)
+        collect(plain, n, 0.5)
+        np.testing.assert_array_equal(late.readout, plain.readout)
+    assert late.replay_ring.filled == late.n_transitions  # kept from the first episode
+    collect(late, 1, 0.5)
+    collect(plain, 1, 0.5)
+    assert not np.array_equal(late.readout, plain.readout)
+
+
 def test_replay_settings_are_checked():
     with pytest.raises(ValueError, match="replay must be >= 0"):
         _td_client(replay=-1.0)
     with pytest.raises(ValueError, match="replay_rate"):
         _td_client(replay=1.0, replay_rate=0.0)
+    with pytest.raises(ValueError, match="replay_start must be >= 0"):
+        _td_client(replay=1.0, replay_start=-1)
     with pytest.raises(ValueError, match="replay is a td client's"):
         OnlineClient("CartPole-v1", _td_client().encoder, replay=1.0)
     assert _td_client().replay_ring is None  # no replay: nothing kept

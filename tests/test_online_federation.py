@@ -232,8 +232,8 @@ def test_the_apps_clients_take_the_table():
             assert client.ucb == settings.ucb, (env_id, encoder)
             if settings.update == "td":  # one episode at a time, learning at every step
                 assert (client.update, client.td_rate) == ("td", settings.td_rate)
-                assert (client.replay, client.replay_rate) == (settings.td_replay,
-                                                               settings.td_replay_rate)
+                assert (client.replay, client.replay_rate, client.replay_start) == (
+                    settings.td_replay, settings.td_replay_rate, settings.td_replay_start)
                 assert (client.replay_ring is None) == (settings.td_replay == 0)
                 assert (client.n_parallel, client.capacity) == (1, 0)
             else:

@@ -107,7 +107,8 @@ def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, d
                           seed=shard_seed(cfg.seed, pid), dynamics=dynamics,
                           update=settings.update, td_rate=settings.td_rate,
                           replay=settings.td_replay, replay_rate=settings.td_replay_rate,
-                          replay_size=settings.td_replay_size)
+                          replay_size=settings.td_replay_size,
+                          replay_start=settings.td_replay_start)
     return client, {"dynamics": dynamics}
 
 

@@ -117,6 +117,9 @@ class OnlineSettings(KeyedSettings):
                                      "td-replay: the step of a replayed transition")
     td_replay_size: int = setting(20000, number(1, 10_000_000, integer=True),
                                    "td-replay: the latest this-many transitions are kept, raw")
+    td_replay_start: int = setting(0, number(0, 10_000_000, integer=True),
+                                    "td-replay: episodes a client plays before it replays "
+                                    "(its near-random early transitions learnt once only)")
 
 
 @dataclass(frozen=True)
