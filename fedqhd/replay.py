@@ -5,9 +5,12 @@ latest ``td-replay-size`` transitions, raw (a few MB: no features are stored, th
 encoded again when drawn), and after each episode makes ``td-replay`` x the episode's
 length further TD updates, at step ``td-replay-rate``, on transitions drawn uniformly
 from them: the older experience a tracking TD learner forgets is learnt again, as DQN's
-buffer does for its network. Acrobot's shared preset takes it: paired with no replay, +2.6
-(SE 1.2) last-100 return on 20 fresh seeds at twice the CPU, though about one run in ten
-then stalls on a worse policy; on LunarLander and on heterogeneous Acrobot it lost
+buffer does for its network. ``td-replay-start`` episodes pass before a client replays
+(their transitions are kept): its long, near-random first episodes are learnt once.
+Acrobot's shared preset replays, from each client's 201st episode: paired with no
+replay, +2.6 (SE 1.2) last-100 return on 20 fresh seeds at twice the CPU; replaying from
+the first, one run in ten stalled on a worse policy, from the 201st one in twenty (+1.4,
+SE 1.0, on 40 fresh seeds). On LunarLander and on heterogeneous Acrobot replay lost
 (BENCHMARKS.md, "Online presets" and the Acrobot paragraph).
 """
 
