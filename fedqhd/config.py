@@ -347,6 +347,10 @@ class RunConfig:
             raise ConfigError(f"online setting 'td-replay' = {self.online.td_replay} replays a "
                               "td client's transitions: it needs 'update' = 'td', got "
                               f"{self.online.update!r} (an fqi client refits on its buffer)")
+        if self.online.td_replay_start and not self.online.td_replay:
+            raise ConfigError(f"online setting 'td-replay-start' = "
+                              f"{self.online.td_replay_start} delays replay, but 'td-replay' "
+                              "is 0: set td-replay (updates per step) too, or leave it out")
         if self.resume_from and (self.protocol == "online" or self.learner != "fqi"):
             raise ConfigError(
                 f"run-config key 'resume-from' needs 'learner' = 'fqi' and 'protocol' = "

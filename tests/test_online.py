@@ -611,6 +611,13 @@ def test_td_settings_are_validated_and_pooled_needs_fqi(tmp_path):
     fqi_replay = write_preset(tmp_path, "fqi-replay", **{"hd-dim": 50, "td-replay": 1.0})
     with pytest.raises(ConfigError, match="'td-replay' = 1.0 replays a td client's"):
         RunConfig.from_run_config({**keys, "preset": fqi_replay})
+    idle_start = write_preset(tmp_path, "idle-start", **{"hd-dim": 50, "update": "td",
+                                                         "td-replay-start": 10})
+    with pytest.raises(ConfigError, match="'td-replay-start' = 10 delays replay, but"):
+        RunConfig.from_run_config({**keys, "preset": idle_start})
+    late = write_preset(tmp_path, "late", **{"hd-dim": 50, "update": "td", "td-replay": 1.0,
+                                             "td-replay-start": 10})
+    assert RunConfig.from_run_config({**keys, "preset": late}).online.td_replay_start == 10
 
 
 def test_a_td_client_learns_cartpole():
