@@ -137,3 +137,24 @@ def test_the_commit_is_fedqhds_own_and_not_a_repository_a_wheel_sits_in(tmp_path
     assert paper.checkout_commit(repo / ".venv" / "site-packages" / "fedqhd") is None
     (tmp_path / "loose" / "fedqhd").mkdir(parents=True)
     assert paper.checkout_commit(tmp_path / "loose" / "fedqhd") is None
+
+
+def test_a_round_whose_replies_were_all_refused_leaves_the_curve_and_a_last_one_is_refused():
+    """A diverging run can complete with rounds that accepted no reply (no training return
+    in their row): the cell skips them in its curves; without one in the last round there
+    is no final figure, and the cell says why rather than failing on a missing key."""
+    def row(r, ret=None, refused=0):
+        out = {"round": r, "return-mean": -90.0, "replies-sampled": 5,
+               "replies-norm-refused": refused, "replies-ok": 5 - refused}
+        if ret is not None:
+            out.update({"train-return-last100": ret, "value-bias": 1.0})
+        return out
+
+    rows = [row(1, -200.0), row(2, refused=5), row(3, -120.0)]
+    cell = paper.cell_from_rounds(rows, 5, "fedqhd Acrobot-v1 shared seed 0")
+    assert cell["train-return-last100"] == -120.0 and cell["greedy-return"] == -90.0
+    assert cell["curve"] == [(5, -200.0), (15, -120.0)]
+    assert cell["value-bias"] == [(5, 1.0), (15, 1.0)]
+    with pytest.raises(RuntimeError, match=r"seed 0: the last round \(3\) accepted no train "
+                                           r"reply \(replies-sampled 5, replies-norm-refused 5"):
+        paper.cell_from_rounds(rows[:2] + [row(3, refused=5)], 5, "fedqhd Acrobot-v1 shared seed 0")

@@ -172,18 +172,36 @@ def run_app_cell(method: str, env_id: str, setting: str, seed: int, episodes: in
         rows = json.loads((out_dir / "results.json").read_text())["rounds"]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    label = f"{method} {env_id} {setting} seed {seed}"
     if final.get("status") != "completed":
-        raise RuntimeError(f"{method} {env_id} {setting} seed {seed}: the run failed "
-                           f"({final.get('reason')})")
-    per_round = cfg.episodes_per_round
-    return {"train-return-last100": float(rows[-1]["train-return-last100"]),
-            "greedy-return": float(rows[-1]["return-mean"]),
+        raise RuntimeError(f"{label}: the run failed ({final.get('reason')})")
+    return {**cell_from_rounds(rows, cfg.episodes_per_round, label),
             "wall-s": time.perf_counter() - wall0, "cpu-s": time.process_time() - cpu0,
-            "curve": [(r["round"] * per_round, r["train-return-last100"]) for r in rows],
-            # FQI and TD clients report their start states' value bias; DQN clients do not
-            "value-bias": [(r["round"] * per_round, r["value-bias"]) for r in rows
-                           if "value-bias" in r],
             "config": cfg.record()}
+
+
+def cell_from_rounds(rows: list[dict[str, Any]], episodes_per_round: int, label: str
+                     ) -> dict[str, Any]:
+    """A completed run's cell figures from its round rows: the last round's training and
+    greedy returns, and the curves. A round whose every train reply was refused reports
+    no training return and is left out of the curves; if that round is the last, the run
+    has no final figure and the cell is refused (``RuntimeError``), not guessed."""
+    last = rows[-1]
+    if "train-return-last100" not in last:
+        counts = ", ".join(f"{k} {v:g}" for k, v in last.items()
+                           if k.startswith("replies-") and v)
+        raise RuntimeError(f"{label}: the last round ({last.get('round')}) accepted no train "
+                           f"reply ({counts or 'no replies'}), so the run has no final "
+                           "training return")
+
+    def curve(key: str) -> list[tuple[int, float]]:
+        return [(r["round"] * episodes_per_round, r[key]) for r in rows if key in r]
+
+    return {"train-return-last100": float(last["train-return-last100"]),
+            "greedy-return": float(last["return-mean"]),
+            "curve": curve("train-return-last100"),
+            # FQI and TD clients report their start states' value bias; DQN clients do not
+            "value-bias": curve("value-bias")}
 
 
 def checkout_commit(package_dir: Path) -> str | None:
