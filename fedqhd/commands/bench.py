@@ -40,8 +40,9 @@ def _print_table(summary: dict[str, Any]) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("bench", help="benchmarks in process: federated vs pooled vs lone "
-                          "clients, or a suite (--suite paper: the FedQHD paper's table)")
+    p = subparsers.add_parser(
+        "bench", help="benchmarks in process: federated vs pooled vs lone clients, or a suite "
+        "(--suite paper: the FedQHD paper's table)")
     p.add_argument("--env", default="CartPole-v1",
                    help="a registered env id (the four tasks, or one of --env-module's)")
     p.add_argument("--env-module", default="",
