@@ -14,7 +14,7 @@ from fedqhd.config import ConfigError, RunConfig
 from fedqhd.encoders import HETEROGENEOUS_DIMS, HDEncoder
 from fedqhd.envs import batch, get_spec
 from fedqhd.learners.fqi import client_encoder, encoder_scale, shared_encoder
-from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, _new_client
+from fedqhd.learners.fqi_online import TRAIN_RETURN_LAST100, VALUE_BIAS, _new_client
 from fedqhd.presets import REMOVED_KEYS, OnlineSettings, builtin_preset, load_preset, resolve_preset
 from fedqhd.server.app import run_federation
 from fedqhd.server.inprocess import InProcessGrid
@@ -442,7 +442,7 @@ def test_round_train_return_is_the_papers_plain_mean_over_clients(encoder):
     plan.strategy.last_client_metrics = {
         7: {TRAIN_RETURN_LAST100: 10.0, C.NUM_TRANSITIONS: 1000},
         8: {TRAIN_RETURN_LAST100: 30.0, C.NUM_TRANSITIONS: 10}}
-    assert plan.evaluate(plan.initial_arrays)[TRAIN_RETURN_LAST100] == 20.0
+    assert plan.round_metrics()[TRAIN_RETURN_LAST100] == 20.0
 
 
 def test_a_user_presets_keys_reach_the_apps_clients(tmp_path):
@@ -481,6 +481,35 @@ def test_eval_every_evaluates_every_kth_round_and_the_last(tmp_path):
     sent = [r["round"] for r in rows if r.get(f"{C.EVALUATE_PREFIX}{C.REPLIES_OK}")]
     assert evaluated == sent == [3, 4]
     assert all(r[C.REPLIES_OK] == 2 for r in rows)  # every round trained
+
+
+def test_every_rounds_paper_metric_is_the_plain_mean_of_its_replies(tmp_path, monkeypatch):
+    """train-return-last100 and value-bias in every round's row, evaluated or not
+    (eval-every = 3 over 4 rounds), are plain means over the clients' replies, as the paper
+    defines its metric, not the strategy's mean weighted by the clients' transitions."""
+    replies: dict[int, list] = {}
+    handle = InProcessGrid._handle
+
+    def recorded(self, msg):
+        reply = handle(self, msg)
+        if msg.metadata.message_type == "train":
+            m = reply.content[C.METRICS]
+            replies.setdefault(int(msg.content[C.CONFIG][C.SERVER_ROUND]), []).append(
+                (m[TRAIN_RETURN_LAST100], m[VALUE_BIAS], m[C.NUM_TRANSITIONS]))
+        return reply
+
+    monkeypatch.setattr(InProcessGrid, "_handle", recorded)
+    rows = _run(tmp_path, n_clients=3, **{"num-server-rounds": 4, "episodes-per-round": 4,
+                                          "eval-every": 3, "eval-episodes": 1})["rounds"]
+    assert [r["round"] for r in rows if C.RETURN_MEAN in r] == [3, 4]
+    apart = 0.0
+    for row in rows:
+        ret, bias, n = np.array(replies[row["round"]]).T
+        assert len(ret) == 3
+        assert row[TRAIN_RETURN_LAST100] == pytest.approx(ret.mean(), rel=1e-12)
+        assert row[VALUE_BIAS] == pytest.approx(bias.mean(), rel=1e-12)
+        apart = max(apart, abs(ret.mean() - np.average(ret, weights=n)))
+    assert apart > 0.1  # the transitions-weighted mean differs: the test tells them apart
 
 
 @pytest.mark.parametrize("encoder", ["shared", "heterogeneous"])

@@ -36,15 +36,19 @@ class ServerPlan:
     initial_arrays : ArrayRecord
         The global record sent in round 1.
     evaluate : callable or None
-        Server-side evaluation of the global arrays after each round.
+        Server-side evaluation of the global arrays after each round (``eval-every``).
     run_info : dict
         Facts recorded in ``run_config.json`` (shapes, anchor layout).
+    round_metrics : callable or None
+        Figures of the round's replies added to every round's row, whether or not the
+        round evaluates (cheap: no episodes), e.g. the paper's metric.
     """
 
     strategy: Strategy
     initial_arrays: ArrayRecord
     evaluate: Callable[[ArrayRecord], MetricRecord | None] | None = None
     run_info: dict[str, Any] = field(default_factory=dict)
+    round_metrics: Callable[[], dict[str, float]] | None = None
 
 
 @dataclass(frozen=True)

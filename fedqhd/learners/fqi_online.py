@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context
 
 from fedqhd.acting import collect, epsilon_schedule
 from fedqhd.anchors import anchor_digest
@@ -224,24 +225,23 @@ def _adopt(client: OnlineClient, cache: dict[str, Any], arrays: Arrays, cfg: Run
 
 
 def with_train_return(plan: ServerPlan) -> ServerPlan:
-    """``plan`` whose server evaluation adds ``train-return-last100`` as the paper defines
-    it, the plain mean over the clients that replied this round (the strategy's round
-    metric weights clients by their transitions, which favours long episodes), and
-    ``value-bias`` likewise."""
-    strategy, inner = plan.strategy, plan.evaluate
+    """``plan`` whose every round's row carries ``train-return-last100`` as the paper
+    defines it, the plain mean over the clients that replied this round (the strategy's
+    round metric weights clients by their transitions, which favours long episodes), and
+    ``value-bias`` likewise, evaluated rounds or not."""
+    strategy = plan.strategy
 
-    def evaluate(arrays: ArrayRecord) -> MetricRecord | None:
-        metrics = inner(arrays) if inner is not None else None
+    def client_means() -> dict[str, float]:
         replies = strategy.last_client_metrics.values()  # type: ignore[attr-defined]
+        means = {}
         for key in _CLIENT_MEANS:
             per_client = [float(m[key]) for m in replies if key in m]
             per_client = [v for v in per_client if np.isfinite(v)]
             if per_client:
-                metrics = metrics if metrics is not None else MetricRecord()
-                metrics[key] = float(np.mean(per_client))
-        return metrics
+                means[key] = float(np.mean(per_client))
+        return means
 
-    return ServerPlan(plan.strategy, plan.initial_arrays, evaluate, plan.run_info)
+    return replace(plan, round_metrics=client_means)
 
 
 def pooled_statistics(client: OnlineClient) -> Arrays:

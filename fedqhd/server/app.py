@@ -165,6 +165,10 @@ def _run_rounds(grid: Grid, cfg: RunConfig, resume: Resume | None, out_dir: Path
                 learner.round_line(cfg, earlier), extra=CONSOLE)
         metrics = (plan.evaluate(arrays)
                    if plan.evaluate is not None and cfg.evaluates(server_round) else None)
+        extra = plan.round_metrics() if plan.round_metrics is not None else {}
+        if extra:
+            metrics = MetricRecord({**(dict(metrics.items()) if metrics is not None else {}),
+                                    **extra})
         row: dict[str, Any] = {"round": server_round}
         for record in (plan.strategy.last_train_metrics,  # type: ignore[attr-defined]
                        plan.strategy.last_evaluate_metrics, metrics):  # type: ignore[attr-defined]
