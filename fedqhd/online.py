@@ -92,6 +92,8 @@ NO_TIMER = Timer()  #: a timer nobody reads
 
 #: how an online client learns (:class:`OnlineClient`'s ``update``)
 UPDATES = ("fqi", "td")
+#: what a teacher's ridge projection pulls toward (:meth:`OnlineClient.compile`)
+COMPILE_TOWARD = ("own", "zero")
 
 #: seed of the probes of :meth:`OnlineClient.exploration_bonus`
 _PROBE_SEED = 20261130

@@ -460,6 +460,31 @@ def test_a_user_presets_keys_reach_the_apps_clients(tmp_path):
     assert client.capacity == online.default_capacity(20)
 
 
+@pytest.mark.parametrize("toward", ["own", "zero"])
+def test_a_teacher_compiles_toward_the_clients_readout_or_zero(tmp_path, toward):
+    """compile-toward: two clients with different readouts that adopt one teacher end
+    with one readout (zero: the teacher's projection alone, the authors' overwrite) or
+    keep their difference where the anchors leave them free (own)."""
+    from fedqhd.learners.fqi_online import _adopt
+
+    preset = write_preset(tmp_path, **{"hd-dim": 200, "ridge": 1e-6, "compile-toward": toward})
+    cfg = RunConfig.from_run_config({"protocol": "online", "preset": preset,
+                                     "online-episodes": 8})
+    assert cfg.online.compile_toward == toward
+    rng = np.random.default_rng(0)
+    anchors = rng.uniform(-1, 1, (50, 4)).astype(np.float32)
+    teacher = rng.normal(size=(50, 2))
+    readouts = []
+    for scale in (0.0, 5.0):
+        client, cache = _new_client(cfg, 0, 2)
+        client.readout = scale * rng.normal(size=client.readout.shape)
+        _adopt(client, cache, {C.TEACHER: teacher, C.ANCHORS: anchors}, cfg, {})
+        assert np.abs(client.q_values(anchors) - teacher).max() < 0.1  # the teacher fits
+        readouts.append(client.readout)
+    apart = np.abs(readouts[0] - readouts[1]).max()
+    assert apart < 1e-9 if toward == "zero" else apart > 1.0
+
+
 def test_an_edited_preset_file_is_read_again(tmp_path):
     """Presets are cached per file, keyed by its size and modification time: an edit
     between two runs is seen."""

@@ -220,7 +220,7 @@ def _adopt(client: OnlineClient, cache: dict[str, Any], arrays: Arrays, cfg: Run
             features = _anchor_features(client, cache, arrays[C.ANCHORS])
             cache["teacher-digest"] = digest
             cache["projection-residual"] = client.compile(
-                features, teacher, cfg.ridge)
+                features, teacher, cfg.ridge, toward_own=cfg.online.compile_toward == "own")
         metrics[C.PROJECTION_RESIDUAL] = cache["projection-residual"]
 
 

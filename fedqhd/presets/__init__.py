@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedqhd.envs.inventory import DEMANDS, MODELS
-from fedqhd.online import UPDATES
+from fedqhd.online import COMPILE_TOWARD, UPDATES
 from fedqhd.pool.api import ZONINGS
 from fedqhd.pool.learner import KERNELS
 from fedqhd.settings import KeyedSettings, SettingError, choice, number, setting
@@ -120,6 +120,10 @@ class OnlineSettings(KeyedSettings):
     td_replay_start: int = setting(0, number(0, 10_000_000, integer=True),
                                     "td-replay: episodes a client plays before it replays "
                                     "(its near-random early transitions learnt once only)")
+    compile_toward: str = setting("own", choice(COMPILE_TOWARD), "heterogeneous "
+                                  "encoders: the teacher's ridge projection pulls toward the "
+                                  "client's own readout (keeps what the anchors leave free) "
+                                  "or zero (the teacher alone, as the authors' code does)")
 
 
 @dataclass(frozen=True)
