@@ -223,6 +223,7 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
             "greedy-return": round(cell["greedy-return"], 1),
             "episode-reaching": {str(v): first_episode(v) for v in (0, 100, 200)},
             "value-bias-last-rounds": round(float(np.mean(late_bias)), 2),
+            "replies-rejected": cell["replies-rejected"],
             "cpu-s": round(cell["cpu-s"], 1), **extra}
 
 

@@ -158,3 +158,19 @@ def test_a_round_whose_replies_were_all_refused_leaves_the_curve_and_a_last_one_
     with pytest.raises(RuntimeError, match=r"seed 0: the last round \(3\) accepted no train "
                                            r"reply \(replies-sampled 5, replies-norm-refused 5"):
         paper.cell_from_rounds(rows[:2] + [row(3, refused=5)], 5, "fedqhd Acrobot-v1 shared seed 0")
+
+
+@pytest.mark.parametrize("setting", paper.SETTINGS)
+def test_a_paper_cell_averages_plainly_with_every_safeguard_off(setting):
+    """The paper's table is of plain weighted means: a study's cell must not screen, clip
+    or cap an honest reply (the norm screen once left out a small heterogeneous client's
+    anchor values on some rounds)."""
+    from fedqhd.learners import parse_run_config
+    from fedqhd.server.app import strategy_kwargs
+    from fedqhd.strategies.screening import OFF, Safeguards
+
+    cfg = parse_run_config(paper.app_run_config("fedqhd", "LunarLander-v3", setting, 0))
+    kwargs = strategy_kwargs(cfg)
+    guards = Safeguards(kwargs["aggregation"], kwargs["trim_fraction"], kwargs["clip_factor"],
+                        kwargs["norm_bound_factor"], kwargs["weight_cap_factor"])
+    assert guards == OFF
