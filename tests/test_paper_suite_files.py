@@ -161,16 +161,17 @@ def test_a_round_whose_replies_were_all_refused_leaves_the_curve_and_a_last_one_
 
 
 @pytest.mark.parametrize("setting", paper.SETTINGS)
-def test_a_paper_cell_averages_plainly_with_every_safeguard_off(setting):
-    """The paper's table is of plain weighted means: a study's cell must not screen, clip
-    or cap an honest reply (the norm screen once left out a small heterogeneous client's
-    anchor values on some rounds)."""
+def test_a_paper_cell_neither_clips_nor_caps_and_keeps_the_default_norm_screen(setting):
+    """The paper's table is of its weighted means as users get them: no honest reply is
+    clipped or has its weight capped in a study, and the default norm screen, which
+    leaves out a far-off reply on a few seeds (BENCHMARKS.md), stays on."""
     from fedqhd.learners import parse_run_config
     from fedqhd.server.app import strategy_kwargs
-    from fedqhd.strategies.screening import OFF, Safeguards
+    from fedqhd.strategies.screening import Safeguards
 
     cfg = parse_run_config(paper.app_run_config("fedqhd", "LunarLander-v3", setting, 0))
     kwargs = strategy_kwargs(cfg)
     guards = Safeguards(kwargs["aggregation"], kwargs["trim_fraction"], kwargs["clip_factor"],
                         kwargs["norm_bound_factor"], kwargs["weight_cap_factor"])
-    assert guards == OFF
+    assert guards == Safeguards(clip_factor=0.0, weight_cap_factor=0.0)
+    assert guards.norm_bound_factor > 0
