@@ -101,7 +101,7 @@ def test_seed_ranges_and_bad_seeds_or_jobs_are_refused(tmp_path):
     assert not (tmp_path / "paper.json").exists()  # refused before anything ran
 
 
-def test_the_table_gives_seeds_and_standard_error_per_cell():
+def test_the_table_gives_seeds_standard_error_and_replies_left_out_per_cell():
     cells = [{"method": "fedqhd", "env-id": "CartPole-v1", "setting": "shared", "seed": s,
               "train-return-last100": v, "wall-s": 1.0, "cpu-s": 1.0}
              for s, v in ((0, 1.0), (1, 11.0), (2, 21.0))]
@@ -110,3 +110,8 @@ def test_the_table_gives_seeds_and_standard_error_per_cell():
                                   "cells": cells})
     assert "11.0 +- 8.2 (466.3)" in table
     assert "| fedqhd | 3 / 5.8 | 1 / - |" in table  # sample std 10 / sqrt(3)
+    assert "left out" not in table
+    cells[1]["replies-rejected"] = 2
+    table = paper.markdown_table({"protocol": {"clients": 5, "episodes": 600},
+                                  "cells": cells})
+    assert table.rstrip().endswith("by run: fedqhd CartPole-v1 shared seed 1: 2.")

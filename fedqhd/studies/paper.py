@@ -489,6 +489,12 @@ def markdown_table(summary: dict[str, Any]) -> str:
         lines.append(f"| {m} | " + " | ".join(row) + " |")
         times.append(f"| {m} | " + " | ".join(trow) + " |")
         spread.append(f"| {m} | " + " | ".join(srow) + " |")
+    # cells from before the count have no key: nothing is claimed for them
+    left_out = [f"{c['method']} {c['env-id']} {c['setting']} seed {c['seed']}: "
+                f"{c['replies-rejected']}" for c in cells if c.get("replies-rejected")]
+    if left_out:
+        spread += ["", "Replies a safeguard left out (the default norm screen), by run: "
+                   + "; ".join(left_out) + "."]
     return "\n".join(lines + times + spread) + "\n"
 
 
