@@ -165,13 +165,13 @@ def test_a_paper_cell_neither_clips_nor_caps_and_keeps_the_default_norm_screen(s
     """The paper's table is of its weighted means as users get them: no honest reply is
     clipped or has its weight capped in a study, and the default norm screen, which
     leaves out a far-off reply on a few seeds (BENCHMARKS.md), stays on."""
-    from fedqhd.learners import parse_run_config
+    from fedqhd.learners import get_learner, parse_run_config
     from fedqhd.server.app import strategy_kwargs
     from fedqhd.strategies.screening import Safeguards
 
     cfg = parse_run_config(paper.app_run_config("fedqhd", "LunarLander-v3", setting, 0))
-    kwargs = strategy_kwargs(cfg)
-    guards = Safeguards(kwargs["aggregation"], kwargs["trim_fraction"], kwargs["clip_factor"],
-                        kwargs["norm_bound_factor"], kwargs["weight_cap_factor"])
+    # the strategy the ServerApp builds for the cell
+    guards = get_learner(cfg.learner_key).server_plan(cfg, **strategy_kwargs(cfg)
+                                                      ).strategy.safeguards
     assert guards == Safeguards(clip_factor=0.0, weight_cap_factor=0.0)
     assert guards.norm_bound_factor > 0

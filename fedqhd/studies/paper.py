@@ -141,7 +141,7 @@ def app_run_config(method: str, env_id: str, setting: str, seed: int, episodes: 
     client lies in a study, so ``weight-cap-factor`` and ``clip-factor`` are 0: the
     defaults' clipping touches a few honest replies on MountainCar and Acrobot,
     BENCHMARKS.md "Adaptive attackers"; the norm screen stays on, as users get it: on a
-    few seeds it leaves out an honest reply far from the rest, and they score higher for
+    few seeds it leaves out an honest reply far from the rest, and most score higher for
     it, BENCHMARKS.md "The norm screen in the paper's cells"; each cell counts the
     replies left out) and one greedy evaluation, after the last round (the training return is
     the paper's metric)."""
@@ -180,7 +180,7 @@ def run_app_cell(method: str, env_id: str, setting: str, seed: int, episodes: in
     if final.get("status") != "completed":
         raise RuntimeError(f"{label}: the run failed ({final.get('reason')})")
     return {**cell_from_rounds(rows, cfg.episodes_per_round, label),
-            # replies a safeguard left out, over the run: the paper's means have none
+            # replies a safeguard (in a study: the norm screen) left out, over the run
             "replies-rejected": final["replies"][REPLIES_REJECTED],
             "wall-s": time.perf_counter() - wall0, "cpu-s": time.process_time() - cpu0,
             "config": cfg.record()}
