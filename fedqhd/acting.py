@@ -86,9 +86,6 @@ def collect_many(clients: Sequence[OnlineClient], n_episodes: Sequence[int],
                     s, cl = st[c], clients[c]
                     b = s["b"]
                     q = feats[off:off + b] @ readouts[c]
-                    bonus = cl.exploration_bonus(feats[off:off + b]) if append else None
-                    if bonus is not None:
-                        q += bonus
                     off += b
                     act = q.argmax(axis=1)
                     explore = cl.rng.random(b) < eps[c][np.minimum(s["episode"],

@@ -42,11 +42,12 @@ from fedqhd.presets.derive import DeriveError, derived_preset
 from fedqhd.strategies.base import WEIGHTINGS
 from fedqhd.strategies.screening import AGGREGATIONS
 
-#: the function-space strategy: auto (avg for a shared encoder, else anchor), avg, anchor,
-#: exact (pooled ridge FQI from sufficient statistics; shared encoder, fqi, offline), and the
-#: FedQHD paper's baselines (fqi, online): none (independent learners, never aggregated),
-#: truncate (truncate-and-average of readouts of different D_i), pooled (the pooled-data
-#: oracle: ridge FQI on the union of the buffers, from sufficient statistics; shared encoder)
+#: the function-space strategy: auto (the preset's, else avg for a shared encoder, anchor
+#: otherwise), avg, anchor, exact (pooled ridge FQI from sufficient statistics; shared
+#: encoder, fqi, offline), and the FedQHD paper's baselines (fqi, online): none (independent
+#: learners, never aggregated), truncate (truncate-and-average of readouts of different D_i),
+#: pooled (the pooled-data oracle: ridge FQI on the union of the buffers, from sufficient
+#: statistics; shared encoder)
 STRATEGIES: tuple[str, ...] = ("auto", "avg", "anchor", "exact", "independent", "truncate",
                                 "pooled")
 #: strategies that exist only as the paper's online baselines
@@ -170,8 +171,9 @@ class RunConfig:
         _float_range(0.0, 1e6, lo_open=True), "per-transition ADMM penalty (offline readout "
         "averaging: consensus ADMM, whose fixed point is pooled FQI)"))
     strategy: str = field(default="auto", metadata=_key(
-        _choice(STRATEGIES), "auto: avg if shared, else anchor; online baselines: independent "
-        "(independent learners), truncate (truncate-and-average)"))
+        _choice(STRATEGIES), "auto: the preset's (MountainCar shared: anchor), else avg if "
+        "shared, anchor otherwise; online baselines: independent (independent learners), "
+        "truncate (truncate-and-average)"))
     weighting: str = field(default="transitions", metadata=_key(_choice(WEIGHTINGS),
                                                                 "client weights"))
     fraction_train: float = field(default=1.0, metadata=_key(
@@ -429,7 +431,8 @@ class RunConfig:
     def _take_preset(self) -> None:
         """Take the settings ``preset`` names: a preset's (or the derived) run-config keys
         (refused when given with another value: the preset would replace them without a
-        word), its learner settings, and as many rounds as ``online-episodes`` take."""
+        word; its ``strategy`` only replaces ``auto``), its learner settings, and as many
+        rounds as ``online-episodes`` take."""
         if self.preset == "manual":
             return
         pool = self.learner == "pool"
@@ -452,6 +455,8 @@ class RunConfig:
             run_keys, settings = resolve_preset(data, self.encoder, source, cls)
         except (PresetError, DeriveError) as exc:
             raise ConfigError(f"run-config key 'preset' = {self.preset!r}: {exc}") from None
+        if self.strategy != "auto":  # the preset's strategy is what auto stands for
+            run_keys.pop("strategy", None)
         by_key = {_kebab(f.name): f for f in fields(self)}
         values: dict[str, Any] = {}
         for key, value in run_keys.items():
@@ -701,7 +706,8 @@ def run_config_markdown() -> str:
         + ", ".join(f"`{k}`" for k in RUN_KEYS) + ". "
         "Top-level keys apply to both encoders; a `[shared]` or `[heterogeneous]` table "
         "overrides them for that encoder. A key the preset sets, given in the run config "
-        "with another value, is refused.",
+        "with another value, is refused; but a preset's `strategy` is what `auto` stands "
+        "for, and a run config that names another strategy keeps it.",
         "",
         "### The online learner's settings (`protocol = \"online\"`, `learner = \"fqi\"`)",
         "",

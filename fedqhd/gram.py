@@ -78,33 +78,22 @@ class GramSystems:
 
 class CholeskySolver:
     """``b -> M^-1 b`` for ``M = G + shift I = L L^T``, from its lower factor (scipy's
-    ``cho_factor`` pair) or, numpy only, from ``L^-1``. :meth:`half_solve_t` gives
-    ``L^-T z``: with Gaussian probes ``z``, ``||(L^-T z)^T phi||^2`` averages to
-    ``phi^T M^-1 phi``, the ridge posterior's variance at features ``phi``."""
+    ``cho_factor`` pair) or, numpy only, from ``L^-1``."""
 
     def __init__(self, factor: tuple[np.ndarray, bool] | None = None,
                  inverse: np.ndarray | None = None) -> None:
         if (factor is None) == (inverse is None):
             raise ValueError("give the scipy factor or the inverse of L, not both")
         self._solve: Callable[[np.ndarray], np.ndarray]
-        self._half: Callable[[np.ndarray], np.ndarray]
         if inverse is not None:
             self._solve = lambda b: inverse.T @ (inverse @ b)
-            self._half = lambda z: inverse.T @ z
         else:
-            from scipy.linalg import cho_solve, solve_triangular
+            from scipy.linalg import cho_solve
             assert factor is not None
-            matrix, lower = factor  # an upper factor U = L^T: L^-T z = U^-1 z
             self._solve = partial(cho_solve, factor, check_finite=False)
-            self._half = partial(solve_triangular, matrix, lower=lower,
-                                 trans="T" if lower else "N", check_finite=False)
 
     def __call__(self, b: np.ndarray) -> np.ndarray:
         return self._solve(b)
-
-    def half_solve_t(self, z: np.ndarray) -> np.ndarray:
-        """``L^-T z``."""
-        return self._half(z)
 
 
 #: one action's factored proximal ridge system: (mu, ridge + mu, b -> (G + (ridge + mu) I)^-1 b)

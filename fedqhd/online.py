@@ -34,7 +34,6 @@ import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -94,31 +93,6 @@ NO_TIMER = Timer()  #: a timer nobody reads
 UPDATES = ("fqi", "td")
 #: what a teacher's ridge projection pulls toward (:meth:`OnlineClient.compile`)
 COMPILE_TOWARD = ("own", "zero")
-
-#: seed of the probes of :meth:`OnlineClient.exploration_bonus`
-_PROBE_SEED = 20261130
-
-
-def _posterior_probes(systems: Sequence[PrimalSystem], dim: int, probes: int = 16
-                      ) -> list[tuple[float, np.ndarray]]:
-    """Per action ``(c_a, L_a^-T Z)`` (float32) for ``probes`` Gaussian columns ``Z`` of a
-    fixed stream: ``c_a ||phi^T L_a^-T Z||^2 / probes`` estimates ``c_a phi^T (G_a + c_a
-    I)^-1 phi``, the ridge posterior's variance of ``Q(s, a)`` over the prior's."""
-    z = np.random.default_rng(_PROBE_SEED).standard_normal((dim, probes))
-    return [(c, solve.half_solve_t(z).astype(np.float32)) for (_, c, solve) in systems]
-
-
-def _relative_std(features: np.ndarray, posterior: Sequence[tuple[float, np.ndarray]]
-                  ) -> np.ndarray:
-    """``u_a - min_b u_b`` ``(n, |A|)`` at ``features``: each action's posterior standard
-    deviation relative to the state's best-supported action."""
-    out = np.empty((len(features), len(posterior)), dtype=np.float32)
-    for b, (c, half) in enumerate(posterior):
-        s = features @ half
-        out[:, b] = np.sqrt(c * np.mean(s * s, axis=1))
-    out -= out.min(axis=1, keepdims=True)
-    return out
-
 
 def _row_products(rows: np.ndarray, features: np.ndarray) -> np.ndarray:
     """``rows @ features.T`` in float32: the dual kernel's new rows."""
@@ -189,20 +163,6 @@ class OnlineClient:
         the recent, nearly greedy episodes pull the values back to what the policy earns,
         where older episodes' returns would pull toward what older policies earned.
         0: plain Bellman targets.
-    ucb : float
-        Optimism while collecting: the client acts greedily on ``Q(s, a) + ucb (u_a(s) -
-        min_b u_b(s))``, ``u_a(s) = sqrt(c_a phi^T (G_a + c_a I)^-1 phi)`` the ridge
-        posterior's standard deviation of ``Q(s, a)`` over the prior's (1 where the buffer
-        has nothing like ``(s, a)``, toward 0 where it is dense; 16 Gaussian probes of each
-        action's factored system). Epsilon-greedy tries an
-        action at random; this tries the actions the data have not seen where the policy
-        goes, and the bonus fades by itself as they are seen. Once epsilon has decayed the
-        data hold only the greedy actions, so FQI's values of the others are extrapolated
-        and never corrected (Acrobot: the greedy policy of a fit disagrees with a bang-bang
-        policy that scores 10 more in 21 % of its states, confidently). Training episodes
-        only (a greedy evaluation acts on ``Q``); primal form only (in the dual form the
-        posterior at a state would cost a pass over the buffer: those clients act on
-        ``Q``). 0: off.
     per_episode : int
         At most this many transitions of each episode enter the buffer.
     n_parallel : int
@@ -233,7 +193,7 @@ class OnlineClient:
     def __init__(self, env_id: str, encoder: HDEncoder, *, gamma: float = 0.99,
                  ridge: float = 1.0, proximal: float = 0.01, tail: int = 0,
                  capacity: int = 20000,
-                 mc_mix: float = 0.0, mc_window: int = 100, ucb: float = 0.0,
+                 mc_mix: float = 0.0, mc_window: int = 100,
                  per_episode: int = 50, n_parallel: int = 50, seed: int = 0,
                  dynamics: dict[str, float] | None = None, form: str = "auto",
                  update: str = "fqi", td_rate: float = 0.1, replay: float = 0.0,
@@ -264,12 +224,6 @@ class OnlineClient:
         if not 0.0 <= self.mc_mix <= 1.0 or self.mc_window < 1:
             raise ValueError(f"mc_mix must be in [0, 1] and mc_window >= 1; got "
                              f"mc_mix={mc_mix}, mc_window={mc_window}")
-        self.ucb = float(ucb)
-        if not (math.isfinite(self.ucb) and self.ucb >= 0):
-            raise ValueError(f"ucb must be finite and >= 0, got {ucb}")
-        #: per action, ``(c_a, L_a^-T Z)`` of the factored system the probes of ``ucb`` read,
-        #: for the buffer as it is (None: to factor again; :meth:`exploration_bonus`)
-        self._posterior: list[tuple[float, np.ndarray]] | None = None
         self.tail = int(tail)
         self.dim = int(encoder.omega_.shape[1])
         self.capacity, self.per_episode = int(capacity), int(per_episode)
@@ -360,7 +314,6 @@ class OnlineClient:
         with self.timer("encode-buffer"):
             new_f = self.encoder.encode32(np.asarray(states)[src])
             new_nf = self.encoder.encode32(np.asarray(next_states)[src])
-        self._posterior = None  # the statistics change
         with self.timer("statistics"):
             if self.form == "primal" and len(replaced):
                 self._gram_add(self.features[replaced], self.actions[replaced], -1.0)
@@ -476,7 +429,6 @@ class OnlineClient:
                 out[:n] = self.encoder.encode32(rows[:n])
             elif len(idx):
                 out[idx] = self.encoder.encode32(rows[idx])
-        self._posterior = None  # statistics replaced: factored again when ucb needs them
         if self.form == "primal":
             unpack_statistics(arrays, self.gram)
         else:
@@ -572,9 +524,6 @@ class OnlineClient:
                     g[np.diag_indices_from(g)] += c
                     systems.append((mu, c, cho_factor(g, lower=True, check_finite=False)
                                     if len(g) else None))
-        if self.ucb > 0 and self.form == "primal":
-            with self.timer("uncertainty"):
-                self._posterior = _posterior_probes(systems, self.dim)
         with self.timer("sweeps"):
             onehot = self._onehot()
             feats = self.features[:n]
@@ -605,17 +554,6 @@ class OnlineClient:
         counts = self.action_counts()
         return [primal_system(self.gram[a], self.ridge, self.proximal * int(counts[a]))
                 for a in range(self.n_actions)]
-
-    def exploration_bonus(self, features: np.ndarray) -> np.ndarray | None:
-        """``ucb * (u_a(s) - min_b u_b(s))`` at float32 ``features`` ``(n, D)`` (see
-        ``ucb``), from the posterior of the buffer as it is; None when ``ucb`` is 0, the
-        form is dual or the buffer is empty. A client restored from a snapshot factors
-        its systems again here (the same systems, so the same bonus as the original's)."""
-        if self.ucb <= 0 or self.form != "primal" or self.size == 0:
-            return None
-        if self._posterior is None:  # (inside the caller's "act" section of the profile)
-            self._posterior = _posterior_probes(self.primal_systems(), self.dim)
-        return self.ucb * _relative_std(features, self._posterior)
 
     # ----------------------------------------------------------------- acting and federation
 

@@ -13,7 +13,6 @@ from fedqhd.envs import get_spec, make_env, rollout_returns
 from fedqhd.envs.batch import AcrobotBatch, CartPoleBatch, MountainCarBatch
 from fedqhd.online import (
     OnlineClient,
-    _posterior_probes,
     pack_statistics,
     unpack_statistics,
 )
@@ -308,7 +307,7 @@ def test_compile_refactors_for_new_anchor_features_even_at_a_reused_address():
 
 
 @pytest.mark.parametrize("lower", [True, False])
-def test_half_solve_of_the_factor_with_and_without_scipy(lower):
+def test_the_factored_solve_with_and_without_scipy(lower):
     from scipy.linalg import cho_factor
 
     from fedqhd.gram import CholeskySolver, _numpy_solver
@@ -316,10 +315,8 @@ def test_half_solve_of_the_factor_with_and_without_scipy(lower):
     x = rng.standard_normal((200, 30))
     m = x.T @ x + 3.0 * np.eye(30)
     z = rng.standard_normal((30, 4))
-    want = np.linalg.solve(np.linalg.cholesky(m).T, z)  # L^-T z
     for solver in (CholeskySolver(factor=cho_factor(m, lower=lower)),
                    _numpy_solver(x.T @ x, 3.0)):
-        np.testing.assert_allclose(solver.half_solve_t(z), want, atol=1e-10)
         np.testing.assert_allclose(solver(z), np.linalg.solve(m, z), atol=1e-10)
 
 
@@ -463,90 +460,6 @@ def test_value_bias_is_the_start_values_minus_their_discounted_returns():
     np.testing.assert_array_equal(cl.start_values, values)
     collect(cl, 2, 1.0)  # the next collection replaces them
     assert len(cl.start_values) == 2 and len(cl.start_returns) == 2
-
-
-def _ucb_client(ucb, capacity=2000, form="primal", dim=40):
-    enc = HDEncoder(dim, 1.0, scale=get_spec("CartPole-v1").obs_bound, random_state=1)
-    enc.fit(np.zeros((1, 4)))
-    return OnlineClient("CartPole-v1", enc, gamma=0.9, capacity=capacity, per_episode=1000,
-                        n_parallel=4, seed=0, form=form, ucb=ucb)
-
-
-def test_posterior_probes_estimate_the_ridge_posterior_std():
-    """With many probes the estimate converges to ``sqrt(c phi^T (G + c I)^-1 phi)``;
-    an action without data has ``||phi||`` (the prior's std), a well-covered one less."""
-    cl = _ucb_client(1.0)
-    rng = np.random.default_rng(3)
-    states = rng.uniform(-0.1, 0.1, size=(300, 4))
-    cl.append(states, np.zeros(300, dtype=np.int64), np.ones(300), states,
-              np.zeros(300, dtype=bool))  # data on the first action only
-    systems = cl.primal_systems()
-    feats = cl.features[:20]
-    exact = np.stack([np.sqrt(c * np.einsum("nd,dn->n", feats.astype(np.float64),
-                                            solve(feats.T.astype(np.float64))))
-                      for _, c, solve in systems], axis=1)
-    np.testing.assert_allclose(exact[:, 1], np.linalg.norm(feats, axis=1), rtol=1e-6)
-    assert np.all(exact[:, 0] < 0.5 * exact[:, 1])
-    many = _posterior_probes(systems, cl.dim, probes=40000)
-    estimate = np.stack([np.sqrt(c * np.mean((feats @ h) ** 2, axis=1)) for c, h in many], 1)
-    np.testing.assert_allclose(estimate, exact, rtol=0.03)
-    bonus = cl.exploration_bonus(feats)  # ucb 1, relative to the best-supported action
-    assert np.all(bonus[:, 0] == 0) and np.all(bonus[:, 1] > 0.3)
-
-
-def test_ucb_tries_the_unseen_actions_while_collecting_only():
-    """Features that do not vary with the state and a readout preferring the first action
-    everywhere: epsilon-greedy at 0 never takes the second, the optimistic client does
-    once it has data on the first; a greedy evaluation (``append=False``) never asks for
-    the bonus."""
-    plain, bold = _ucb_client(0.0), _ucb_client(5.0)
-    for cl in (plain, bold):
-        cl.encoder.omega_[:] = 0.0  # phi = sqrt(2 / D) cos(0): every state alike
-        cl.encoder.offset_[:] = 0.0
-        cl.readout = np.zeros((cl.dim, 2))
-        cl.readout[:, 0] = 0.1
-        for _ in range(3):
-            collect_many([cl], [4], [0.0])
-    assert plain.action_counts()[1] == 0
-    assert bold.action_counts()[1] > 0
-    asked = []
-    real = bold.exploration_bonus
-    bold.exploration_bonus = lambda f: asked.append(len(f)) or real(f)
-    collect_many([bold], [2], [0.0], append=False)
-    assert asked == []
-    collect_many([bold], [1], [0.0])
-    assert asked
-
-
-def test_ucb_posterior_follows_the_buffer_and_survives_a_snapshot():
-    """The bonus reads the statistics as they are: stale after an append until factored
-    again, and a client restored from a snapshot explores as the original does."""
-    cl = _ucb_client(2.0, capacity=150)
-    collect_many([cl], [4], [1.0])
-    cl.fit(2)
-    feats = cl.features[:30].copy()
-    before = cl.exploration_bonus(feats)
-    collect_many([cl], [4], [1.0])  # no fit since: the bonus must see the new rows
-    fresh = _ucb_client(2.0, capacity=150)
-    fresh.restore(*cl.snapshot())
-    after = cl.exploration_bonus(feats)
-    assert not np.array_equal(after, before)
-    np.testing.assert_array_equal(fresh.exploration_bonus(feats), after)
-    cl.fit(2)
-    twin = _ucb_client(2.0, capacity=150)
-    twin.restore(*cl.snapshot())
-    np.testing.assert_array_equal(twin.exploration_bonus(feats), cl.exploration_bonus(feats))
-
-
-def test_ucb_settings_are_validated_and_the_dual_form_acts_on_q():
-    with pytest.raises(ValueError, match="ucb"):
-        _ucb_client(-1.0)
-    with pytest.raises(ValueError, match="ucb"):
-        _ucb_client(float("nan"))
-    dual = _ucb_client(1.0, capacity=30, form="dual")
-    collect_many([dual], [4], [1.0])
-    assert dual.exploration_bonus(dual.features[:5]) is None
-    assert _ucb_client(0.0).exploration_bonus(np.zeros((2, 40), np.float32)) is None
 
 
 class _Recording:

@@ -139,12 +139,12 @@ def test_online_keys_are_validated():
 
 
 @pytest.mark.parametrize("body,key", [
-    ("mc-mix = 1.5", "mc-mix"), ("mc-window = 0", "mc-window"), ("ucb = -1.0", "ucb"),
+    ("mc-mix = 1.5", "mc-mix"), ("mc-window = 0", "mc-window"), ("tail = -1", "tail"),
     ("epsilon = [0.1, 0.9, 0.5]", "epsilon"), ("per-episode = 2.5", "per-episode"),
     ("act-local = true", "act-local"), ("obs-scale = [1, -1]", "obs-scale"),
     ("gamma = 1.5", "gamma"), ("hd-dim = 0", "hd-dim"), ("hd-dim = 'big'", "hd-dim"),
     ("pessimism = 10", "pessimism"), ("[heterogeneous]\nsweeps = 3", "sweeps"),
-    ("[other]\nucb = 1", "other"), ("ucb = ", "TOML")])
+    ("[other]\ntail = 1", "other"), ("tail = ", "TOML")])
 def test_a_bad_preset_is_refused_naming_the_file_and_the_key(tmp_path, body, key):
     """The issue's bad input: a preset that names an unknown key or gives a value out of
     range is refused; the error names the file and the key."""
@@ -157,11 +157,11 @@ def test_a_bad_preset_is_refused_naming_the_file_and_the_key(tmp_path, body, key
 
 @pytest.mark.parametrize("key", sorted(REMOVED_KEYS))
 def test_a_removed_learner_key_is_refused_saying_it_was_removed(tmp_path, key):
-    """``act-local``, ``n-step`` and ``action-gap`` were deleted with their code: a preset
+    """``act-local``, ``n-step``, ``action-gap`` and ``ucb`` were deleted with their code: a preset
     (top level or an encoder table) or a run config that still names one is refused, and
     the error says the key was removed rather than guessing a similar one."""
     assert key not in OnlineSettings.keys()
-    for i, body in enumerate((f"{key} = 1\n", f"ucb = 1.0\n[heterogeneous]\n{key} = 1\n")):
+    for i, body in enumerate((f"{key} = 1\n", f"tail = 1\n[heterogeneous]\n{key} = 1\n")):
         path = tmp_path / f"old{i}.toml"
         path.write_text(body)
         with pytest.raises(ConfigError, match=f"'{key}' .* was removed"):
@@ -207,6 +207,29 @@ def test_online_auto_settings_follow_the_tasks_preset_file():
     assert (offline.hd_dim, offline.gamma, offline.local_iterations) == (2000, 0.99, 3)
 
 
+def test_a_presets_strategy_is_what_auto_stands_for(tmp_path):
+    """MountainCar's shared clients compile their average on anchors, toward zero (its
+    preset's ``strategy = "anchor"``; BENCHMARKS.md, "Online presets"). A preset's strategy
+    replaces only ``auto``: the paper's baselines and a user's own strategy keep theirs,
+    and nothing is refused."""
+    mc = {"protocol": "online", "env-id": "MountainCar-v0"}
+    cfg = RunConfig.from_run_config(mc)
+    assert (cfg.resolved_strategy, cfg.hd_dim, cfg.online.update,
+            cfg.online.compile_toward) == ("anchor", 2000, "td", "zero")
+    again = RunConfig.from_run_config(cfg.to_run_config())  # what every ClientApp parses
+    assert again.resolved_strategy == "anchor" and again.online == cfg.online
+    for strategy in ("avg", "independent", "truncate"):
+        assert RunConfig.from_run_config({**mc, "strategy": strategy}).resolved_strategy == (
+            strategy)
+    assert RunConfig.from_run_config({"protocol": "online"}).resolved_strategy == "avg"
+    mine = write_preset(tmp_path, **{"hd-dim": 50, "strategy": "anchor"})
+    ours = RunConfig.from_run_config({"protocol": "online", "preset": mine})
+    assert ours.resolved_strategy == "anchor"
+    with pytest.raises(ConfigError, match="strategy"):
+        RunConfig.from_run_config({"protocol": "online",
+                                   "preset": write_preset(tmp_path, "bad", strategy="best")})
+
+
 def test_the_apps_clients_take_the_table():
     """preset = auto builds every client of the app from the task's table: its
     discount, penalties, transitions per episode, tail, mixed
@@ -229,7 +252,6 @@ def test_the_apps_clients_take_the_table():
             assert client.per_episode == settings.per_episode
             assert client.tail == settings.tail
             assert (client.mc_mix, client.mc_window) == (settings.mc_mix, settings.mc_window)
-            assert client.ucb == settings.ucb, (env_id, encoder)
             if settings.update == "td":  # one episode at a time, learning at every step
                 assert (client.update, client.td_rate) == ("td", settings.td_rate)
                 assert (client.replay, client.replay_rate, client.replay_start) == (
@@ -248,7 +270,7 @@ def test_the_apps_clients_take_the_table():
 #: where each key of a preset's ``[heterogeneous]`` table lands: an attribute of the
 #: app's client, or the run config (the server's anchors, the learner settings)
 _CLIENT_KEYS = {"gamma": "gamma", "ridge": "ridge", "proximal": "proximal",
-                "mc-mix": "mc_mix", "mc-window": "mc_window", "ucb": "ucb", "tail": "tail",
+                "mc-mix": "mc_mix", "mc-window": "mc_window", "tail": "tail",
                 "per-episode": "per_episode", "td-rate": "td_rate"}
 
 
@@ -449,14 +471,14 @@ def test_a_user_presets_keys_reach_the_apps_clients(tmp_path):
     """preset = a preset file: the app's client takes every setting it gives."""
     preset = write_preset(tmp_path, **{
         "hd-dim": 20, "gamma": 0.8, "ridge": 2.0, "proximal": 0.05, "episodes-per-round": 4,
-        "per-episode": 7, "tail": 5, "mc-mix": 0.4, "mc-window": 30, "ucb": 1.5})
+        "per-episode": 7, "tail": 5, "mc-mix": 0.4, "mc-window": 30})
     cfg = RunConfig.from_run_config({"protocol": "online", "preset": preset,
                                      "online-episodes": 8})
     assert cfg.num_server_rounds == 2
     client, _ = _new_client(cfg, 0, 2)
     assert (client.dim, client.gamma, client.ridge, client.proximal) == (20, 0.8, 2.0, 0.05)
     assert (client.n_parallel, client.per_episode, client.tail) == (4, 7, 5)
-    assert (client.mc_mix, client.mc_window, client.ucb) == (0.4, 30, 1.5)
+    assert (client.mc_mix, client.mc_window) == (0.4, 30)
     assert client.capacity == online.default_capacity(20)
 
 
@@ -489,11 +511,11 @@ def test_an_edited_preset_file_is_read_again(tmp_path):
     """Presets are cached per file, keyed by its size and modification time: an edit
     between two runs is seen."""
     path = tmp_path / "mine.toml"
-    path.write_text("ucb = 1.0\n")
+    path.write_text("tail = 1\n")
     first = RunConfig.from_run_config({"protocol": "online", "preset": str(path)})
-    path.write_text("ucb = 2.5\nmc-mix = 0.5\n")
+    path.write_text("tail = 25\nmc-mix = 0.5\n")
     second = RunConfig.from_run_config({"protocol": "online", "preset": str(path)})
-    assert (first.online.ucb, second.online.ucb, second.online.mc_mix) == (1.0, 2.5, 0.5)
+    assert (first.online.tail, second.online.tail, second.online.mc_mix) == (1, 25, 0.5)
 
 
 def test_eval_every_evaluates_every_kth_round_and_the_last(tmp_path):

@@ -34,10 +34,10 @@ def _run(tmp_path, n: int, **keys) -> list[dict]:
     return json.loads((out / "results.json").read_text())["rounds"]
 
 
-@pytest.mark.parametrize("key,value", [("ucb", 2.0)])
+@pytest.mark.parametrize("key,value", [("per-episode", 5)])
 def test_the_collection_settings_change_what_clients_collect(tmp_path, key, value):
-    """``ucb`` (optimistic collection) changes the data, so the curve: the run is FedQHD's
-    readout averaging, learns, and is not the plain run's."""
+    """``per-episode`` (transitions an episode gives the buffer) changes the data, so the
+    curve: the run is FedQHD's readout averaging, learns, and is not the plain run's."""
     small = {k: KEYS[k] for k in ("hd-dim", "gamma", "ridge", "proximal", "local-iterations",
                                   "episodes-per-round")}
     runs = {}
@@ -363,8 +363,10 @@ def test_pooled_needs_one_shared_encoder_and_every_client():
         RunConfig.from_run_config({**base, "preset": "manual", "hd-dim": 4000})
     with pytest.raises(ConfigError, match="'strategy' = 'pooled'.*'protocol' = 'online'"):
         RunConfig.from_run_config({"strategy": "pooled"})
-    cfg = RunConfig.from_run_config({**base, "env-id": "MountainCar-v0"})  # the table's D 500
+    cfg = RunConfig.from_run_config(base)  # CartPole's preset: FQI clients at D 500
     assert cfg.resolved_strategy == "pooled" and cfg.hd_dim == 500
+    with pytest.raises(ConfigError, match="'strategy' = 'pooled'.*update = 'fqi', got 'td'"):
+        RunConfig.from_run_config({**base, "env-id": "MountainCar-v0"})
 
 
 def test_a_pooled_sweep_reaches_only_a_pooled_client():

@@ -68,6 +68,26 @@ def test_a_stopped_suite_keeps_its_cells_and_resume_runs_only_the_missing_ones(t
     assert len(json.loads((tmp_path / "paper.json").read_text())["cells"]) == 2
 
 
+def test_cells_that_cannot_run_are_skipped_saying_why(tmp_path, capsys):
+    """The pooled oracle sums FQI statistics: on a task whose preset learns by TD
+    (LunarLander) its cell is skipped, named with the reason, where CartPole's runs; FedAvg
+    of networks has no heterogeneous cell. A cell asked for alone is refused likewise."""
+    cell = FakeCell()
+    summary = paper.run_suite(["CartPole-v1", "LunarLander-v3"], ["shared", "heterogeneous"],
+                              ["pooled", "fedavg-dqn"], [0], tmp_path, episodes=40, clients=2,
+                              cell=cell)
+    assert cell.calls == [("pooled", "CartPole-v1", "shared", 0),
+                          ("fedavg-dqn", "CartPole-v1", "shared", 0),
+                          ("fedavg-dqn", "LunarLander-v3", "shared", 0)]
+    skipped = {(x["method"], x["env-id"], x["setting"]): x["reason"]
+               for x in summary["skipped"]}
+    assert "learns by td" in skipped["pooled", "LunarLander-v3", "shared"]
+    assert len(skipped) == 5  # and the four heterogeneous cells of the two methods
+    assert "no pooled LunarLander-v3 shared: pooled sums FQI" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="learns by td"):
+        paper.run_cell("pooled", "MountainCar-v0", "shared", 0)
+
+
 def test_merge_joins_suites_refuses_disagreeing_cells_and_other_protocols(tmp_path, capsys):
     a, b, c, d = (tmp_path / n for n in "abcd")
     suite(a, [0, 1], FakeCell())

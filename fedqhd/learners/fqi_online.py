@@ -101,7 +101,7 @@ def _new_client(cfg: RunConfig, pid: int, n_parts: int) -> tuple[OnlineClient, d
     td = settings.update == "td"  # learns while it acts: no buffer, one episode at a time
     client = OnlineClient(cfg.env_id, encoder, gamma=cfg.gamma, ridge=cfg.ridge,
                           proximal=cfg.proximal, tail=settings.tail, mc_mix=settings.mc_mix,
-                          ucb=settings.ucb, mc_window=settings.mc_window,
+                          mc_window=settings.mc_window,
                           capacity=0 if td else default_capacity(dim),
                           per_episode=settings.per_episode,
                           n_parallel=1 if td else cfg.episodes_per_round,

@@ -2,7 +2,8 @@
 (this folder holds the built-in tasks', the deep baselines' and POOL's).
 
 A preset sets run-config keys (:data:`RUN_KEYS`: the encoder, the FQI solve, the round
-length, the anchors) and the learner's own settings: the online FQI learner's
+length, the anchors, and the strategy ``auto`` stands for: a run config that names another
+keeps it) and the learner's own settings: the online FQI learner's
 (:class:`OnlineSettings`: exploration, which transitions enter the buffer, the targets) or
 the POOL learner's (:class:`PoolSettings`: the inventory task and POOL's zones).
 Top-level keys apply to both encoders; a ``[shared]`` or ``[heterogeneous]`` table
@@ -41,7 +42,7 @@ PRESET_DIR = Path(__file__).resolve().parent
 RUN_KEYS: tuple[str, ...] = ("hd-dim", "bandwidth", "gamma", "ridge", "proximal",
                              "local-iterations", "episodes-per-round", "anchor-source",
                              "num-anchors", "episodes-per-client", "epsilon-min",
-                             "epsilon-max")
+                             "epsilon-max", "strategy")
 #: the tables that override the top-level keys for one encoder
 ENCODER_TABLES: tuple[str, ...] = ("shared", "heterogeneous")
 #: online learner settings deleted with their code once no default, preset or user needed
@@ -51,6 +52,7 @@ REMOVED_KEYS: dict[str, str] = {
     "act-local": "readout averaging with each client collecting with its own last fit",
     "n-step": "n-step transitions",
     "action-gap": "advantage-learning targets",
+    "ucb": "optimism while collecting (each action's ridge posterior std added to Q)",
 }
 
 
@@ -100,8 +102,6 @@ class OnlineSettings(KeyedSettings):
                              "return in the targets of the last mc-window episodes' rows")
     mc_window: int = setting(100, number(1, 10_000_000, integer=True),
                               "episodes whose realised returns mix into the targets")
-    ucb: float = setting(0.0, number(0.0, 1e9), "optimism while collecting: Q plus this "
-                          "times each action's relative ridge posterior std")
     obs_scale: tuple[float, ...] = setting((), _scales, "multipliers of the task's "
                                             "observation bounds for the encoders (the "
                                             "kernel's length scale per coordinate)")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -114,10 +115,22 @@ def paper_number(method: str, env_id: str, setting: str) -> float | None:
     return None if pair is None else pair[SETTINGS.index(setting)]
 
 
-def applicable(method: str, setting: str) -> bool:
-    """FedAvg of network parameters needs one architecture and the pooled oracle one
-    feature space: both are shared setting only."""
-    return not (method in ("fedavg-dqn", "pooled") and setting == "heterogeneous")
+def not_applicable(method: str, env_id: str, setting: str) -> str | None:
+    """Why a cell cannot run, or None. FedAvg of network parameters needs one architecture
+    and the pooled oracle one feature space (shared setting only); the oracle sums FQI
+    statistics, so it needs a task whose preset learns by FQI (CartPole's; the others' learn
+    by TD)."""
+    if method in ("fedavg-dqn", "pooled") and setting == "heterogeneous":
+        return f"{method} needs the shared setting (one network architecture or feature space)"
+    if method == "pooled":
+        from fedqhd.config import RunConfig
+
+        preset = RunConfig.from_run_config({"protocol": "online", "env-id": env_id,
+                                            "encoder": setting})
+        if preset.online.update != "fqi":
+            return (f"pooled sums FQI statistics; {env_id}'s preset learns by "
+                    f"{preset.online.update}")
+    return None
 
 
 def run_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 600,
@@ -128,9 +141,9 @@ def run_cell(method: str, env_id: str, setting: str, seed: int, episodes: int = 
         raise ValueError(f"unknown method {method!r}; one of {', '.join(METHODS)}")
     if setting not in SETTINGS:
         raise ValueError(f"unknown setting {setting!r}; one of {', '.join(SETTINGS)}")
-    if not applicable(method, setting):
-        raise ValueError(f"{method} needs the shared setting (one network architecture "
-                         "or feature space)")
+    reason = not_applicable(method, env_id, setting)
+    if reason:
+        raise ValueError(reason)
     return run_app_cell(method, env_id, setting, seed, episodes, clients)
 
 
@@ -348,12 +361,19 @@ def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
         raise ValueError("resume and overwrite exclude each other")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    reasons = {(m, e, s): not_applicable(m, e, s) for e in envs for s in settings
+               for m in methods}
     todo = [(m, e, s, seed) for e in envs for s in settings for m in methods
-                 for seed in seeds if applicable(m, s)]
+            for seed in seeds if not reasons[m, e, s]]
+    skipped = [{"method": m, "env-id": e, "setting": s, "reason": why}
+               for (m, e, s), why in reasons.items() if why]
+    for x in skipped if progress else []:
+        print(f"paper suite: no {x['method']} {x['env-id']} {x['setting']}: {x['reason']}",
+              file=sys.stderr)
     protocol = {"clients": clients, "episodes": episodes, "metric": "train-return-last100"}
     summary: dict[str, Any] = {"protocol": protocol,
                                "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                               "environment": environment(), "cells": []}
+                               "environment": environment(), "cells": [], "skipped": skipped}
     found = out / "paper.json"
     if found.exists() and not overwrite:
         earlier = load_summary(found)
