@@ -279,6 +279,12 @@ def test_fedqhd_check_names_a_misspelled_key(capsys: pytest.CaptureFixture[str])
     assert "(renamed: use 'privacy-rho')" in capsys.readouterr().err
     assert fedqhd_main(["check", str(ROOT), "--run-config", "num-server-rounds=3"]) == 0
     assert "run config ok" in capsys.readouterr().out
+    # what the task's preset chose, said: MountainCar's shared clients learn by TD and
+    # their average is compiled on anchors
+    assert fedqhd_main(["check", str(ROOT), "--run-config",
+                        "protocol='online' env-id='MountainCar-v0'"]) == 0
+    assert "learner 'fqi' (update 'td'), strategy 'anchor', 12 rounds" in (
+        capsys.readouterr().out)
 
 
 def _check_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

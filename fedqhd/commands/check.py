@@ -173,8 +173,11 @@ def check(app: Path, items: list[str], federation_config: str | None = None) -> 
         else:
             data = (", data-dir not checked (it is looked into with --federation-config "
                     "\"num-supernodes=N\")")
-    return (f"run config ok: {len(config)} keys, env-id {cfg.env_id!r}, learner "
-            f"{cfg.learner!r}, {cfg.num_server_rounds} rounds{data}")
+    learner = repr(cfg.learner)
+    if cfg.learner_key == "fqi-online":
+        learner += f" (update {cfg.online.update!r})"
+    return (f"run config ok: {len(config)} keys, env-id {cfg.env_id!r}, learner {learner}, "
+            f"strategy {cfg.resolved_strategy!r}, {cfg.num_server_rounds} rounds{data}")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
