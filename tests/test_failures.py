@@ -279,8 +279,11 @@ def test_fedqhd_check_names_a_misspelled_key(capsys: pytest.CaptureFixture[str])
     assert "(renamed: use 'privacy-rho')" in capsys.readouterr().err
     assert fedqhd_main(["check", str(ROOT), "--run-config", "num-server-rounds=3"]) == 0
     assert "run config ok" in capsys.readouterr().out
-    # what the task's preset chose, said: MountainCar's shared clients learn by TD and
-    # their average is compiled on anchors
+
+
+def test_fedqhd_check_says_what_the_preset_chose(capsys: pytest.CaptureFixture[str]) -> None:
+    """MountainCar's shared clients learn by TD and their average is compiled on anchors:
+    check says so, beside the rounds the preset's episodes take."""
     assert fedqhd_main(["check", str(ROOT), "--run-config",
                         "protocol='online' env-id='MountainCar-v0'"]) == 0
     assert "learner 'fqi' (update 'td'), strategy 'anchor', 12 rounds" in (
