@@ -431,8 +431,8 @@ class RunConfig:
     def _take_preset(self) -> None:
         """Take the settings ``preset`` names: a preset's (or the derived) run-config keys
         (refused when given with another value: the preset would replace them without a
-        word; its ``strategy`` only replaces ``auto``), its learner settings, and as many
-        rounds as ``online-episodes`` take."""
+        word; its ``strategy`` only replaces ``auto``, and not in a private run), its learner
+        settings, and as many rounds as ``online-episodes`` take."""
         if self.preset == "manual":
             return
         pool = self.learner == "pool"
@@ -455,7 +455,8 @@ class RunConfig:
             run_keys, settings = resolve_preset(data, self.encoder, source, cls)
         except (PresetError, DeriveError) as exc:
             raise ConfigError(f"run-config key 'preset' = {self.preset!r}: {exc}") from None
-        if self.strategy != "auto":  # the preset's strategy is what auto stands for
+        if self.strategy != "auto" or self.privacy != "none":
+            # the preset's strategy is what auto stands for; a private release fixes its own
             run_keys.pop("strategy", None)
         by_key = {_kebab(f.name): f for f in fields(self)}
         values: dict[str, Any] = {}

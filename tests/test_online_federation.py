@@ -222,6 +222,8 @@ def test_a_presets_strategy_is_what_auto_stands_for(tmp_path):
         assert RunConfig.from_run_config({**mc, "strategy": strategy}).resolved_strategy == (
             strategy)
     assert RunConfig.from_run_config({"protocol": "online"}).resolved_strategy == "avg"
+    # a private client's one release is a readout with a shared encoder: auto stays avg
+    assert RunConfig.from_run_config({**mc, "privacy": "zcdp"}).resolved_strategy == "avg"
     mine = write_preset(tmp_path, **{"hd-dim": 50, "strategy": "anchor"})
     ours = RunConfig.from_run_config({"protocol": "online", "preset": mine})
     assert ours.resolved_strategy == "anchor"
