@@ -708,7 +708,7 @@ def run_config_markdown() -> str:
         "Top-level keys apply to both encoders; a `[shared]` or `[heterogeneous]` table "
         "overrides them for that encoder. A key the preset sets, given in the run config "
         "with another value, is refused; but a preset's `strategy` is what `auto` stands "
-        "for, and a run config that names another strategy keeps it.",
+        "for (outside private runs), and a run config that names another strategy keeps it.",
         "",
         "### The online learner's settings (`protocol = \"online\"`, `learner = \"fqi\"`)",
         "",
