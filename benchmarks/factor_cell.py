@@ -8,6 +8,9 @@ run`` executes) for FedQHD on one task, setting and seed, with
   ``fedqhd/presets/<env-id>.toml`` and change one value);
 - ``--weighting uniform``: the clients' replies averaged alike (the authors' plain
   mean) instead of by their transitions;
+- ``--set KEY=VALUE`` (repeatable): any other run-config key, as ``flwr run --run-config``
+  reads it (``--set norm-bound-factor=0``, ``--set "anchor-source='uniform'"``), checked
+  before the first seed runs;
 - ``--truncation-terminates``: a time-limit truncation treated as termination (no
   bootstrap; the authors' code's default), for ``update = "td"`` clients;
 - ``--frozen N``: what acting while learning does to the return (shared encoder). For
@@ -49,6 +52,8 @@ from unittest import mock
 import numpy as np
 
 from fedqhd import acting
+from fedqhd.commands.bench import parse_overrides
+from fedqhd.config import ConfigError
 from fedqhd.envs import get_spec
 from fedqhd.studies import paper
 
@@ -173,8 +178,9 @@ def diagnose(env_id: str, setting: str, cfg_keys: dict[str, Any],
 
 def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str | None,
         truncation_terminates: bool, diagnose_policies: bool = False,
-        frozen_episodes: int = 0) -> dict[str, Any]:
-    """One cell with the factors given; returns what it printed."""
+        frozen_episodes: int = 0, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One cell with the factors given (``overrides``: run-config keys, kebab-case);
+    returns what it printed."""
     base = paper.app_run_config
 
     def run_config(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -183,6 +189,7 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
             keys["preset"] = preset
         if weighting:
             keys["weighting"] = weighting
+        keys.update(overrides or {})
         return keys
 
     patches: list[Any] = [mock.patch.object(paper, "app_run_config", run_config)]
@@ -219,6 +226,7 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
     return {"env": env_id, "setting": setting, "seed": seed, "preset": preset,
             "weighting": weighting or "transitions",
             "truncation-terminates": truncation_terminates,
+            **({"set": overrides} if overrides else {}),
             "train-return-last100": round(cell["train-return-last100"], 1),
             "greedy-return": round(cell["greedy-return"], 1),
             "episode-reaching": {str(v): first_episode(v) for v in (0, 100, 200)},
@@ -250,6 +258,8 @@ def main() -> None:
     p.add_argument("--preset", help="a preset file instead of the task's")
     p.add_argument("--weighting", choices=("uniform", "transitions"))
     p.add_argument("--truncation-terminates", action="store_true")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a run-config key, as flwr run --run-config reads it (repeatable)")
     p.add_argument("--frozen", type=int, default=0, metavar="N",
                    help="greedy returns (N episodes) of the last 100 episodes' replies and "
                         "aggregates, frozen (shared encoder)")
@@ -261,11 +271,15 @@ def main() -> None:
     args = p.parse_args()
     if args.frozen < 0 or (args.frozen and args.setting != "shared"):
         p.error("--frozen takes a positive number of episodes, with --setting shared")
+    try:
+        overrides = {k.replace("_", "-"): v for k, v in parse_overrides(args.set).items()}
+    except ConfigError as exc:
+        p.error(str(exc))
     cells = json.loads(args.against.read_text())["cells"] if args.against else None
     rows = []
     for seed in paper.parse_seeds(args.seeds):
         row = run(args.env, args.setting, seed, args.preset, args.weighting,
-                  args.truncation_terminates, args.diagnose, args.frozen)
+                  args.truncation_terminates, args.diagnose, args.frozen, overrides)
         print(json.dumps(row), flush=True)
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -66,3 +66,33 @@ def test_frozen_returns_score_each_rounds_replies_and_the_aggregate_they_gave(mo
     with pytest.raises(ValueError, match="shared encoder only"):
         frozen_returns(paper.app_run_config("fedqhd", "CartPole-v1", "heterogeneous", 0),
                        rounds, episodes=7, last=2)
+
+
+def test_set_reaches_the_cells_run_config_and_a_bad_key_stops_before_any_run(monkeypatch,
+                                                                             capsys):
+    """``--set norm-bound-factor=0`` (a run-config key as flwr run reads it) is in the run
+    config the cell runs with and in the printed row; an unknown key or a bad value stops
+    the script before its first seed."""
+    import sys
+
+    from benchmarks import factor_cell
+
+    seen = []
+
+    def cell(method, env_id, setting, seed):
+        seen.append(paper.app_run_config(method, env_id, setting, seed))
+        return {"curve": [(5, 1.0)], "value-bias": [(5, 0.0)], "train-return-last100": 1.0,
+                "greedy-return": 1.0, "replies-rejected": 0, "cpu-s": 1.0}
+
+    monkeypatch.setattr(paper, "run_app_cell", cell)
+    row = factor_cell.run("CartPole-v1", "shared", 3, None, None, False,
+                          overrides={"norm-bound-factor": 0.0})
+    assert seen[0]["norm-bound-factor"] == 0.0 and seen[0]["seed"] == 3
+    assert row["set"] == {"norm-bound-factor": 0.0}
+    assert "norm-bound-factor" not in paper.app_run_config("fedqhd", "CartPole-v1", "shared", 3)
+    for bad in ("norm-bound-factr=0", "norm-bound-factor=-1", "norm-bound-factor"):
+        monkeypatch.setattr(sys, "argv", ["factor_cell.py", "--seeds", "3", "--set", bad])
+        with pytest.raises(SystemExit) as err:
+            factor_cell.main()
+        assert err.value.code == 2 and "norm-bound-factor" in capsys.readouterr().err
+    assert len(seen) == 1
