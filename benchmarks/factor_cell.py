@@ -6,11 +6,9 @@ run`` executes) for FedQHD on one task, setting and seed, with
 
 - ``--preset FILE``: a preset file instead of the task's (copy
   ``fedqhd/presets/<env-id>.toml`` and change one value);
-- ``--weighting uniform``: the clients' replies averaged alike (the authors' plain
-  mean) instead of by their transitions;
-- ``--set KEY=VALUE`` (repeatable): any other run-config key, as ``flwr run --run-config``
-  reads it (``--set norm-bound-factor=0``, ``--set "anchor-source='uniform'"``), checked
-  before the first seed runs;
+- ``--set KEY=VALUE`` (repeatable): any run-config key, as ``flwr run --run-config``
+  reads it (``--set "weighting='uniform'"``: the clients' replies averaged alike, the
+  authors' plain mean; ``--set norm-bound-factor=0``), checked before the first seed runs;
 - ``--truncation-terminates``: a time-limit truncation treated as termination (no
   bootstrap; the authors' code's default), for ``update = "td"`` clients;
 - ``--frozen N``: what acting while learning does to the return (shared encoder). For
@@ -176,7 +174,7 @@ def diagnose(env_id: str, setting: str, cfg_keys: dict[str, Any],
             "rounds": rows}
 
 
-def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str | None,
+def run(env_id: str, setting: str, seed: int, preset: str | None,
         truncation_terminates: bool, diagnose_policies: bool = False,
         frozen_episodes: int = 0, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """One cell with the factors given (``overrides``: run-config keys, kebab-case);
@@ -187,8 +185,6 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
         keys = base(*args, **kwargs)
         if preset:
             keys["preset"] = preset
-        if weighting:
-            keys["weighting"] = weighting
         keys.update(overrides or {})
         return keys
 
@@ -224,7 +220,7 @@ def run(env_id: str, setting: str, seed: int, preset: str | None, weighting: str
     if diagnose_policies:
         extra["policies"] = diagnose(env_id, setting, keys, rounds)
     return {"env": env_id, "setting": setting, "seed": seed, "preset": preset,
-            "weighting": weighting or "transitions",
+            "weighting": keys.get("weighting", "transitions"),
             "truncation-terminates": truncation_terminates,
             **({"set": overrides} if overrides else {}),
             "train-return-last100": round(cell["train-return-last100"], 1),
@@ -256,7 +252,6 @@ def main() -> None:
     p.add_argument("--setting", default="shared", choices=paper.SETTINGS)
     p.add_argument("--seeds", default="42,43,44", help="comma-separated, or ranges: 42-44")
     p.add_argument("--preset", help="a preset file instead of the task's")
-    p.add_argument("--weighting", choices=("uniform", "transitions"))
     p.add_argument("--truncation-terminates", action="store_true")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a run-config key, as flwr run --run-config reads it (repeatable)")
@@ -278,7 +273,7 @@ def main() -> None:
     cells = json.loads(args.against.read_text())["cells"] if args.against else None
     rows = []
     for seed in paper.parse_seeds(args.seeds):
-        row = run(args.env, args.setting, seed, args.preset, args.weighting,
+        row = run(args.env, args.setting, seed, args.preset,
                   args.truncation_terminates, args.diagnose, args.frozen, overrides)
         print(json.dumps(row), flush=True)
         with args.out.open("a") as f:

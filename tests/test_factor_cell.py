@@ -85,10 +85,11 @@ def test_set_reaches_the_cells_run_config_and_a_bad_key_stops_before_any_run(mon
                 "greedy-return": 1.0, "replies-rejected": 0, "cpu-s": 1.0}
 
     monkeypatch.setattr(paper, "run_app_cell", cell)
-    row = factor_cell.run("CartPole-v1", "shared", 3, None, None, False,
-                          overrides={"norm-bound-factor": 0.0})
+    row = factor_cell.run("CartPole-v1", "shared", 3, None, False,
+                          overrides={"norm-bound-factor": 0.0, "weighting": "uniform"})
     assert seen[0]["norm-bound-factor"] == 0.0 and seen[0]["seed"] == 3
-    assert row["set"] == {"norm-bound-factor": 0.0}
+    assert seen[0]["weighting"] == "uniform" and row["weighting"] == "uniform"
+    assert row["set"] == {"norm-bound-factor": 0.0, "weighting": "uniform"}
     assert "norm-bound-factor" not in paper.app_run_config("fedqhd", "CartPole-v1", "shared", 3)
     for bad in ("norm-bound-factr=0", "norm-bound-factor=-1", "norm-bound-factor"):
         monkeypatch.setattr(sys, "argv", ["factor_cell.py", "--seeds", "3", "--set", bad])
