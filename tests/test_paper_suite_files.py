@@ -69,9 +69,10 @@ def test_a_stopped_suite_keeps_its_cells_and_resume_runs_only_the_missing_ones(t
 
 
 def test_cells_that_cannot_run_are_skipped_saying_why(tmp_path, capsys):
-    """The pooled oracle sums FQI statistics: on a task whose preset learns by TD
-    (LunarLander) its cell is skipped, named with the reason, where CartPole's runs; FedAvg
-    of networks has no heterogeneous cell. A cell asked for alone is refused likewise."""
+    """The pooled oracle sums FQI statistics of one feature space: on a task whose preset
+    learns by TD (LunarLander), or with heterogeneous encoders, its cell is skipped, named
+    with the run config's refusal, where CartPole's shared cell runs; FedAvg of networks has
+    no heterogeneous cell. A cell asked for alone is refused likewise."""
     cell = FakeCell()
     summary = paper.run_suite(["CartPole-v1", "LunarLander-v3"], ["shared", "heterogeneous"],
                               ["pooled", "fedavg-dqn"], [0], tmp_path, episodes=40, clients=2,
@@ -81,10 +82,12 @@ def test_cells_that_cannot_run_are_skipped_saying_why(tmp_path, capsys):
                           ("fedavg-dqn", "LunarLander-v3", "shared", 0)]
     skipped = {(x["method"], x["env-id"], x["setting"]): x["reason"]
                for x in summary["skipped"]}
-    assert "learns by td" in skipped["pooled", "LunarLander-v3", "shared"]
+    assert "update = 'fqi', got 'td'" in skipped["pooled", "LunarLander-v3", "shared"]
+    assert "'encoder' = 'shared'" in skipped["pooled", "CartPole-v1", "heterogeneous"]
     assert len(skipped) == 5  # and the four heterogeneous cells of the two methods
-    assert "no pooled LunarLander-v3 shared: pooled sums FQI" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="learns by td"):
+    assert ("no pooled LunarLander-v3 shared: run-config key 'strategy' = 'pooled'"
+            in capsys.readouterr().err)
+    with pytest.raises(ValueError, match="update = 'fqi', got 'td'"):
         paper.run_cell("pooled", "MountainCar-v0", "shared", 0)
 
 

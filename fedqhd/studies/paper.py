@@ -117,19 +117,17 @@ def paper_number(method: str, env_id: str, setting: str) -> float | None:
 
 def not_applicable(method: str, env_id: str, setting: str) -> str | None:
     """Why a cell cannot run, or None. FedAvg of network parameters needs one architecture
-    and the pooled oracle one feature space (shared setting only); the oracle sums FQI
-    statistics, so it needs a task whose preset learns by FQI (CartPole's; the others' learn
-    by TD)."""
-    if method in ("fedavg-dqn", "pooled") and setting == "heterogeneous":
-        return f"{method} needs the shared setting (one network architecture or feature space)"
+    (shared setting only); the pooled oracle's cell is whatever its run config refuses (it
+    sums FQI statistics of one feature space: CartPole's preset, shared)."""
+    if method == "fedavg-dqn" and setting == "heterogeneous":
+        return "fedavg-dqn needs the shared setting (one network architecture)"
     if method == "pooled":
-        from fedqhd.config import RunConfig
+        from fedqhd.config import ConfigError, RunConfig
 
-        preset = RunConfig.from_run_config({"protocol": "online", "env-id": env_id,
-                                            "encoder": setting})
-        if preset.online.update != "fqi":
-            return (f"pooled sums FQI statistics; {env_id}'s preset learns by "
-                    f"{preset.online.update}")
+        try:
+            RunConfig.from_run_config(app_run_config(method, env_id, setting, 0))
+        except ConfigError as exc:
+            return str(exc)
     return None
 
 
