@@ -69,7 +69,7 @@ def test_frozen_returns_score_each_rounds_replies_and_the_aggregate_they_gave(mo
 
 
 def test_set_reaches_the_cells_run_config_and_a_bad_key_stops_before_any_run(monkeypatch,
-                                                                             capsys):
+                                                                             capsys, tmp_path):
     """``--set norm-bound-factor=0`` (a run-config key as flwr run reads it) is in the run
     config the cell runs with and in the printed row; an unknown key or a bad value stops
     the script before its first seed."""
@@ -92,8 +92,9 @@ def test_set_reaches_the_cells_run_config_and_a_bad_key_stops_before_any_run(mon
     assert row["set"] == {"norm-bound-factor": 0.0, "weighting": "uniform"}
     assert "norm-bound-factor" not in paper.app_run_config("fedqhd", "CartPole-v1", "shared", 3)
     for bad in ("norm-bound-factr=0", "norm-bound-factor=-1", "norm-bound-factor"):
-        monkeypatch.setattr(sys, "argv", ["factor_cell.py", "--seeds", "3", "--set", bad])
+        monkeypatch.setattr(sys, "argv", ["factor_cell.py", "--seeds", "3", "--set", bad,
+                                          "--out", str(tmp_path / "rows.jsonl")])
         with pytest.raises(SystemExit) as err:
             factor_cell.main()
         assert err.value.code == 2 and "norm-bound-factor" in capsys.readouterr().err
-    assert len(seen) == 1
+    assert len(seen) == 1 and not (tmp_path / "rows.jsonl").exists()
