@@ -233,7 +233,7 @@ def test_paper_suite_runs_truncate_and_the_pooled_oracle(tmp_path):
     assert "| truncate |" in table and "(230.8)" in table and "(112.6)" in table
     pooled_row = next(line for line in table.splitlines() if line.startswith("| pooled |"))
     assert "(" not in pooled_row and pooled_row.rstrip().endswith("| - |")
-    with pytest.raises(ValueError, match="shared setting"):
+    with pytest.raises(ValueError, match="'encoder' = 'shared'"):
         paper.run_cell("pooled", "CartPole-v1", "heterogeneous", 0)
 
 
