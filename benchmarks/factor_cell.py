@@ -50,7 +50,7 @@ from unittest import mock
 import numpy as np
 
 from fedqhd import acting
-from fedqhd.commands.bench import parse_overrides
+from fedqhd.commands.bench import run_config_overrides
 from fedqhd.config import ConfigError
 from fedqhd.envs import get_spec
 from fedqhd.studies import paper
@@ -267,7 +267,7 @@ def main() -> None:
     if args.frozen < 0 or (args.frozen and args.setting != "shared"):
         p.error("--frozen takes a positive number of episodes, with --setting shared")
     try:
-        overrides = {k.replace("_", "-"): v for k, v in parse_overrides(args.set).items()}
+        overrides = run_config_overrides(args.set)
     except ConfigError as exc:
         p.error(str(exc))
     cells = json.loads(args.against.read_text())["cells"] if args.against else None

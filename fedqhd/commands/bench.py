@@ -104,9 +104,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """:func:`run_config_overrides` as RunConfig fields (snake_case)."""
+    return {k.replace("-", "_"): v for k, v in run_config_overrides(items).items()}
+
+
+def run_config_overrides(items: list[str]) -> dict[str, Any]:
     """``--set`` values as Flower's ``--run-config`` reads them (TOML values: strings in
-    quotes, ``true``/``false``), validated as run-config keys; returns RunConfig fields.
-    A value that is not TOML is taken as a bare string (``--set partition=iid``)."""
+    quotes, ``true``/``false``), validated as run-config keys; returns those keys
+    (kebab-case) and their values. A value that is not TOML is taken as a bare string
+    (``--set partition=iid``)."""
     from click import ClickException
     from flwr.common.config import parse_config_args
 
@@ -122,7 +128,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     from fedqhd.learners import parse_run_config
 
     parsed = parse_run_config(given).to_run_config()
-    return {k.replace("-", "_"): parsed[k] for k in given}
+    return {k: parsed[k] for k in given}
 
 
 def _paper_suite(args: argparse.Namespace) -> int:
@@ -174,7 +180,7 @@ def _scale_suite(args: argparse.Namespace) -> int:
         raise ConfigError(f"--app {app}: no pyproject.toml (the Flower app flwr run builds); "
                          "run from the fedqhd checkout or pass --no-flwr")
     overrides = {"env-id": args.env,
-                 **{k.replace("_", "-"): v for k, v in parse_overrides(args.set).items()}}
+                 **run_config_overrides(args.set)}
     seed = args.seeds[0] if args.seeds else 0
     if args.clients is not None and args.clients < 2:
         raise ConfigError("--clients: the scale suite needs >= 2 (a federation's round)")
