@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,8 @@ def main() -> None:
     p.add_argument("--against", type=Path,
                    help="a paper suite's paper.json on the same seeds: print the paired change")
     args = p.parse_args()
+    # `kill PID` unwinds as Ctrl-C does: the running cell removes its scratch folder
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     if args.frozen < 0 or (args.frozen and args.setting != "shared"):
         p.error("--frozen takes a positive number of episodes, with --setting shared")
     try:

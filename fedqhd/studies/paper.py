@@ -403,14 +403,17 @@ def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
         _write_json(found, summary)
 
     bar = tqdm(total=len(todo), desc="paper suite", unit="run", disable=not progress)
-    if jobs == 1:
-        for i, (method, env_id, setting, seed) in enumerate(todo):
-            bar.set_postfix_str(f"{method} {env_id} {setting} seed {seed}")
-            record(i, cell(method, env_id, setting, seed, episodes=episodes, clients=clients))
-            bar.update()
-    else:
-        _run_parallel(todo, cell, episodes, clients, jobs, record, bar)
-    bar.close()
+    try:  # closed before a failure's one line is printed, not after it
+        if jobs == 1:
+            for i, (method, env_id, setting, seed) in enumerate(todo):
+                bar.set_postfix_str(f"{method} {env_id} {setting} seed {seed}")
+                record(i, cell(method, env_id, setting, seed, episodes=episodes,
+                               clients=clients))
+                bar.update()
+        else:
+            _run_parallel(todo, cell, episodes, clients, jobs, record, bar)
+    finally:
+        bar.close()
     summary["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     write_outputs(summary, out)
     return summary
@@ -419,12 +422,16 @@ def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
 _WORKER_LIMITS: Any = None  #: a worker process's thread limit, kept alive
 
 
-def _one_blas_thread() -> None:
-    """Worker initializer: one BLAS / OpenMP thread for the worker's life."""
+def _worker_init() -> None:
+    """Worker initializer: one BLAS / OpenMP thread for the worker's life, and SIGTERM
+    unwinds a cell as Ctrl-C does (its ``finally`` removes the run's scratch folder)."""
+    import signal
+
     from threadpoolctl import threadpool_limits
 
     global _WORKER_LIMITS
     _WORKER_LIMITS = threadpool_limits(limits=1)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
 
 
 def _run_parallel(todo: Sequence[tuple[str, str, str, int]], cell: Callable[..., dict[str, Any]],
@@ -437,29 +444,39 @@ def _run_parallel(todo: Sequence[tuple[str, str, str, int]], cell: Callable[...,
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     ctx = multiprocessing.get_context("spawn")  # no fork of a process with BLAS / JAX threads
+    before = set(multiprocessing.active_children())
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx,
-                             initializer=_one_blas_thread) as pool:
+                             initializer=_worker_init) as pool:
         futures = {pool.submit(cell, method, env_id, setting, seed, episodes=episodes,
                                clients=clients): i
                    for i, (method, env_id, setting, seed) in enumerate(todo)}
         pending = set(futures)
         error: BaseException | None = None
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in sorted(done, key=futures.__getitem__):
-                exc = fut.exception()
-                if exc is not None:
-                    error = error or exc
-                    continue
-                i = futures[fut]
-                record(i, fut.result())
-                method, env_id, setting, seed = todo[i]
-                bar.set_postfix_str(f"done: {method} {env_id} {setting} seed {seed}")
-                bar.update()
-            if error is not None and pending:
-                for fut in pending:
-                    fut.cancel()
-                pending = {f for f in pending if not f.cancelled()}
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in sorted(done, key=futures.__getitem__):
+                    exc = fut.exception()
+                    if exc is not None:
+                        error = error or exc
+                        continue
+                    i = futures[fut]
+                    record(i, fut.result())
+                    method, env_id, setting, seed = todo[i]
+                    bar.set_postfix_str(f"done: {method} {env_id} {setting} seed {seed}")
+                    bar.update()
+                if error is not None and pending:
+                    for fut in pending:
+                        fut.cancel()
+                    pending = {f for f in pending if not f.cancelled()}
+        except KeyboardInterrupt:
+            # Ctrl-C reaches the workers too, ``kill PID`` only this process: stop the
+            # cells running now (each removes its scratch) rather than wait minutes for them
+            for fut in pending:
+                fut.cancel()
+            for worker in set(multiprocessing.active_children()) - before:
+                worker.terminate()
+            raise
         if error is not None:
             raise error
 
