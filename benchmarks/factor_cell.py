@@ -289,4 +289,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # the rows of the seeds that ended are in --out already
+        raise SystemExit("factor_cell.py: stopped") from None
