@@ -263,20 +263,6 @@ def test_sigterm_unwinds_a_command_as_ctrl_c_does(tmp_path: Path) -> None:
     assert not out.exists()  # it made the folder, so it removed it
 
 
-def _children(pid: int) -> list[int]:
-    """The PIDs whose parent is ``pid`` (from /proc)."""
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines()
-                          if ":\t" in line)
-        except OSError:  # the process ended while we read
-            continue
-        if int(fields.get("PPid", "0")) == pid:
-            found.append(int(status.parent.name))
-    return found
-
-
 def _running(pid: int) -> bool:
     """``pid`` exists and is not a zombie (an orphan's exit waits for init to reap it)."""
     try:
@@ -287,13 +273,15 @@ def _running(pid: int) -> bool:
 
 
 def test_sigterm_stops_a_parallel_paper_suite_at_once(tmp_path: Path) -> None:
-    # `kill PID` reaches only the suite's own process, not its --jobs workers: it stops
-    # the cells running now (each removes its scratch folder) and exits 143 in seconds
-    # (mutation checked: without _run_parallel's interrupt handling it waited for both
-    # 2-minute LunarLander cells; without the workers' SIGTERM handler their scratch stayed)
+    # `kill PID` reaches only the suite's own process, not its --jobs workers: it ends
+    # the workers now, removes their run folders and exits 143 in seconds (mutation
+    # checked: without _run_parallel's interrupt handling it waited for both 2-minute
+    # LunarLander cells; with the workers' folders in the default tmp, they stayed)
     import os
     import signal
     import time
+
+    from fedqhd.studies.scale import _children
 
     scratch = tmp_path / "tmp"
     scratch.mkdir()
@@ -306,10 +294,10 @@ def test_sigterm_stops_a_parallel_paper_suite_at_once(tmp_path: Path) -> None:
     workers: list[int] = []  # its spawned workers (and multiprocessing's resource tracker)
     try:
         deadline = time.monotonic() + 90
-        while len(list(scratch.glob("fedqhd-paper-*"))) < 2 and time.monotonic() < deadline:
+        while len(list(scratch.rglob("fedqhd-paper-*"))) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)  # both cells under way
-        assert len(list(scratch.glob("fedqhd-paper-*"))) == 2
-        workers = _children(proc.pid)
+        assert len(list(scratch.rglob("fedqhd-paper-*"))) == 2
+        workers = _children().get(proc.pid, [])
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -322,7 +310,7 @@ def test_sigterm_stops_a_parallel_paper_suite_at_once(tmp_path: Path) -> None:
     assert proc.returncode == 143, err
     assert err.strip().splitlines()[-1] == "fedqhd bench: terminated", err
     time.sleep(1)
-    assert not list(scratch.glob("fedqhd-paper-*"))
+    assert not list(scratch.rglob("fedqhd-paper-*"))
     assert not [pid for pid in workers if _running(pid)]
 
 

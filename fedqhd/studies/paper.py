@@ -422,16 +422,17 @@ def run_suite(envs: Sequence[str] = ENVS, settings: Sequence[str] = SETTINGS,
 _WORKER_LIMITS: Any = None  #: a worker process's thread limit, kept alive
 
 
-def _worker_init() -> None:
-    """Worker initializer: one BLAS / OpenMP thread for the worker's life, and SIGTERM
-    unwinds a cell as Ctrl-C does (its ``finally`` removes the run's scratch folder)."""
-    import signal
+def _worker_init(scratch: str) -> None:
+    """Worker initializer: one BLAS / OpenMP thread for the worker's life, and its
+    temporary files (each cell's run folder) under the suite's ``scratch``, which the
+    suite removes however the worker ends."""
+    import tempfile
 
     from threadpoolctl import threadpool_limits
 
     global _WORKER_LIMITS
     _WORKER_LIMITS = threadpool_limits(limits=1)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
+    tempfile.tempdir = scratch
 
 
 def _run_parallel(todo: Sequence[tuple[str, str, str, int]], cell: Callable[..., dict[str, Any]],
@@ -441,12 +442,14 @@ def _run_parallel(todo: Sequence[tuple[str, str, str, int]], cell: Callable[...,
     ends. A cell that raises stops the suite: the cells not yet started are cancelled,
     those running are waited for (and kept), then the error is raised."""
     import multiprocessing
+    import tempfile
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     ctx = multiprocessing.get_context("spawn")  # no fork of a process with BLAS / JAX threads
     before = set(multiprocessing.active_children())
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx,
-                             initializer=_worker_init) as pool:
+    with tempfile.TemporaryDirectory(prefix="fedqhd-suite-") as scratch, \
+            ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init,
+                                initargs=(scratch,)) as pool:
         futures = {pool.submit(cell, method, env_id, setting, seed, episodes=episodes,
                                clients=clients): i
                    for i, (method, env_id, setting, seed) in enumerate(todo)}
@@ -470,12 +473,13 @@ def _run_parallel(todo: Sequence[tuple[str, str, str, int]], cell: Callable[...,
                         fut.cancel()
                     pending = {f for f in pending if not f.cancelled()}
         except KeyboardInterrupt:
-            # Ctrl-C reaches the workers too, ``kill PID`` only this process: stop the
-            # cells running now (each removes its scratch) rather than wait minutes for them
+            # Ctrl-C reaches the workers too, ``kill PID`` only this process: end the
+            # workers now rather than wait minutes for their cells (their run folders go
+            # with ``scratch``)
             for fut in pending:
                 fut.cancel()
             for worker in set(multiprocessing.active_children()) - before:
-                worker.terminate()
+                worker.kill()
             raise
         if error is not None:
             raise error
